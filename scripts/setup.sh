@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh machine. Idempotent.
+#   .venv         the project (torch 2.13.0 CPU build + light deps + sglang-asym editable)
+#   .venv-oracle  NVIDIA nemo-automodel 0.7.0's DeepSeek-V4.1 (independent oracle for tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if ! python3 -c 'import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library("ibverbs") else 1)'; then
+  echo "[setup] installing libibverbs1 (Mooncake needs it)"
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libibverbs1 >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq libibverbs1 >/dev/null; fi
+fi
+
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "is ignored" || true
+.venv/bin/pip install -q -r requirements.txt 2>&1 | grep -v "is ignored" || true
+.venv/bin/pip install -q --no-deps -e . 2>&1 | grep -v "is ignored" || true
+.venv/bin/python -c 'import torch, sglang_asym; print("[setup] .venv ready: torch", torch.__version__)'
+
+if [ "${SKIP_ORACLE:-0}" != 1 ]; then
+  if [ ! -x .venv-oracle/bin/python ]; then python3 -m venv .venv-oracle; fi
+  .venv-oracle/bin/pip install -q torch==2.13.0 2>&1 | grep -v "is ignored" || true
+  .venv-oracle/bin/pip install -q -r requirements-oracle.txt 2>&1 | grep -v "is ignored" || true
+  .venv-oracle/bin/pip install -q --no-deps nemo-automodel==0.7.0 2>&1 | grep -v "is ignored" || true
+  .venv-oracle/bin/python -c 'import nemo_automodel.components.models.deepseek_v41 as m; print("[setup] .venv-oracle ready")'
+fi
