@@ -1,0 +1,130 @@
+"""Per-request cache groups over shared paged pools.
+
+Groups (v41-model.md, "Cache groups"):
+  swa.L{i}    layer i's window KV rows (one per token; only the last window is kept)
+  kv.L{o}     owner o's compressed main-KV rows (one per token pair for ratio 2, per token for ratio 1)
+  index.L{o}  owner o's index-key rows (same count as kv.L{o})
+  tail.L{o}   ratio-2 owner o's pending unpaired token: its compressor value and gate, fp32 [2, head_dim]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import V41Config
+from ..layer_plan import LayerPlan
+from .paged import PagedPool, PagedRows, PoolSpec
+
+
+def swa_group(layer: int) -> str:
+    return f"swa.L{layer}"
+
+
+def kv_group(owner: int) -> str:
+    return f"kv.L{owner}"
+
+
+def index_group(owner: int) -> str:
+    return f"index.L{owner}"
+
+
+def tail_group(owner: int) -> str:
+    return f"tail.L{owner}"
+
+
+@dataclass(frozen=True)
+class CacheSizing:
+    max_requests: int = 4
+    max_tokens: int = 8192  # per request, prompt + generated
+    page_rows: int = 64
+
+
+class CacheSet:
+    """The pools of one model instance. `role='prefill'` has no pools for layers past the last KV source."""
+
+    def __init__(self, cfg: V41Config, dtype: torch.dtype, sizing: CacheSizing = CacheSizing(),
+                 role: str = "full", device: torch.device | str = "cpu") -> None:
+        self.cfg, self.sizing, self.dtype, self.role = cfg, sizing, dtype, role
+        self.plan = LayerPlan.from_config(cfg)
+        pr = sizing.page_rows
+
+        def pages(rows_per_request: int) -> int:
+            return sizing.max_requests * (-(-rows_per_request // pr) + 1)
+
+        self.pools: dict[str, PagedPool] = {}
+        swa_rows = sizing.max_tokens + cfg.sliding_window + pr
+        swa_layers = self.plan.encoder_layers if role == "prefill" else range(cfg.num_hidden_layers)
+        for i in swa_layers:
+            self._add(PoolSpec(swa_group(i), (cfg.head_dim,), dtype, pr, pages(swa_rows)), device)
+        for o in self.plan.kv_owner_layers:
+            rows = sizing.max_tokens // cfg.compress_ratios[o] + 1
+            self._add(PoolSpec(kv_group(o), (cfg.head_dim,), dtype, pr, pages(rows)), device)
+            self._add(PoolSpec(index_group(o), (cfg.index_head_dim,), dtype, pr, pages(rows)), device)
+            if cfg.compress_ratios[o] > 1:
+                self._add(PoolSpec(tail_group(o), (2, cfg.head_dim), torch.float32, 1, sizing.max_requests), device)
+
+    def _add(self, spec: PoolSpec, device) -> None:
+        self.pools[spec.name] = PagedPool(spec, device)
+
+    def new_request(self) -> "RequestCache":
+        return RequestCache(self)
+
+    def free_pages(self) -> dict[str, int]:
+        return {name: pool.free_pages for name, pool in self.pools.items()}
+
+    def check_no_leak(self, expect_all_free: bool = True) -> None:
+        for pool in self.pools.values():
+            pool.check_no_leak()
+            if expect_all_free and pool.used_pages:
+                raise AssertionError(f"pool {pool.spec.name!r} still holds {pool.used_pages} pages")
+
+
+class RequestCache:
+    """One request's rows in every group, the number of tokens processed, and per-layer SWA floors."""
+
+    def __init__(self, cache_set: CacheSet) -> None:
+        self.set = cache_set
+        self.pos = 0
+        self.groups: dict[str, PagedRows] = {}
+        self.swa_floor: dict[int, int] = {}
+        self._tails: dict[int, PagedRows] = {}
+        self.released = False
+
+    def rows(self, group: str) -> PagedRows:
+        rows = self.groups.get(group)
+        if rows is None:
+            if group not in self.set.pools:
+                raise KeyError(f"this model's cache has no group {group!r}")
+            rows = self.groups[group] = PagedRows(self.set.pools[group], self)
+        return rows
+
+    def start_swa_at(self, layer: int, start: int) -> None:
+        """Begin layer's window rows at `start` (rows below it are never stored)."""
+        group = swa_group(layer)
+        if group in self.groups and len(self.groups[group]):
+            raise RuntimeError(f"{group} already holds rows")
+        self.groups[group] = PagedRows(self.set.pools[group], self, start)
+
+    # ---- compressor tails (ratio-2 owners) -----------------------------------------------
+    def tail(self, owner: int) -> torch.Tensor | None:
+        rows = self._tails.get(owner)
+        return None if rows is None or not len(rows) else rows.read()[0]
+
+    def set_tail(self, owner: int, value: torch.Tensor | None) -> None:
+        old = self._tails.pop(owner, None)
+        if old is not None:
+            old.release()
+        if value is not None:
+            rows = PagedRows(self.set.pools[tail_group(owner)], self)
+            rows.append(value.unsqueeze(0).float())
+            self._tails[owner] = rows
+
+    def release(self) -> None:
+        """Return every page to its pool; safe to call twice."""
+        for rows in list(self.groups.values()) + list(self._tails.values()):
+            rows.release()
+        self.groups.clear()
+        self._tails.clear()
+        self.released = True
