@@ -2,8 +2,9 @@
 randomize it, export the released tensor names, and compute full-sequence logits.
 
 Inputs (safetensors): `config_json` (uint8 bytes of our config.json), `seed` (int64 [1]),
-`input_ids` (int64 [batch, seq]). Outputs: `w.<released name>` for every tensor, `logits_none`
-(cache quantization replaced by the identity) and `logits_release` (as released)."""
+`input_ids.<k>` (int64 [batch, seq], any number of them). Outputs: `w.<released name>` for every
+tensor, and per input `logits_none.<k>` (cache quantization replaced by the identity) and
+`logits_release.<k>` (as released)."""
 
 import json
 import sys
@@ -53,13 +54,14 @@ with torch.no_grad():
 out = {}
 for key, value in model.state_dict_adapter.to_hf(model.state_dict()).items():
     out["w." + key] = value.detach().float().contiguous()
-ids = inputs["input_ids"].long()
-with torch.no_grad():
-    out["logits_release"] = model(ids).logits.float().contiguous()
-    original = attention_module.quantize_cache
-    attention_module.quantize_cache = lambda values, *, format, block_size: values
-    try:
-        out["logits_none"] = model(ids).logits.float().contiguous()
-    finally:
-        attention_module.quantize_cache = original
+original = attention_module.quantize_cache
+for key in sorted(k for k in inputs if k.startswith("input_ids.")):
+    ids, tag = inputs[key].long(), key.split(".", 1)[1]
+    with torch.no_grad():
+        out[f"logits_release.{tag}"] = model(ids).logits.float().contiguous()
+        attention_module.quantize_cache = lambda values, *, format, block_size: values
+        try:
+            out[f"logits_none.{tag}"] = model(ids).logits.float().contiguous()
+        finally:
+            attention_module.quantize_cache = original
 save_file(out, sys.argv[2])

@@ -66,6 +66,7 @@ class V41Model(nn.Module):
                 blocks.append(KVPathBlock(cfg, self.plan.layers[last], self.dtype))
                 self.layers = nn.ModuleList(blocks)
         self.requires_grad_(False)
+        self.layers_run: tuple[int, ...] = ()
 
     # ---- weights ---------------------------------------------------------------------------
     def expected_tensor_names(self) -> frozenset[str]:
@@ -117,11 +118,14 @@ class V41Model(nn.Module):
         streams = self.embed(tokens).unsqueeze(1).expand(-1, self.cfg.hc_mult, -1)
         pre = torch.zeros(tokens.numel(), self.cfg.hc_mult, dtype=torch.float32, device=tokens.device)
         pre[:, 0] = 1
+        ran = []
         for block in self.layers:
+            ran.append(block.info.index)
             if isinstance(block, KVPathBlock):
                 block(streams, pre, state, cache, self.quant)
                 break
             streams, pre = block(streams, pre, state, cache, self.quant)
+        self.layers_run = tuple(ran)  # layer ids the last forward executed (KV path counts as its layer)
         cache.pos = start + tokens.numel()
         if self.role == "prefill" or logits == "none":
             return None

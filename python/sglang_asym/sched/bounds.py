@@ -1,0 +1,34 @@
+"""Guarantees of the admission policies computed from a SchedulerConfig (what operators can rely on)."""
+
+from __future__ import annotations
+
+from .config import AdmitPolicy, SchedulerConfig
+
+
+def max_rows_per_step(config: SchedulerConfig) -> int:
+    """Most rows one step can hold under the budget policy.
+
+    Without an over-budget admission a step stays within token_budget. An aged (or unopposed) head is
+    admitted alone, next to at most max_running - 1 running requests of verify_width rows each.
+    """
+    if config.policy is not AdmitPolicy.BUDGET:
+        raise ValueError(f"max_rows_per_step covers the budget policy only, not {config.policy.value!r}")
+    forced_head_step = (config.max_running - 1) * config.verify_width + config.window
+    return max(config.token_budget, forced_head_step)
+
+
+def max_admission_delay_steps(config: SchedulerConfig, requests_ahead: int | None = None) -> int:
+    """Most steps from enqueue to admission, plus one for every step in between whose running batch was full.
+
+    Every step with a free running slot admits at least the queue head once the head may go: at once
+    under admit_all, after max_wait_steps under the budget policy (by then everyone ahead, being
+    older, may go too). So a request with p requests ahead of it at enqueue is admitted within
+    p (admit_all) or max_wait_steps + p (budget) steps. Without `requests_ahead`, p is the worst
+    case max_waiting - 1 (the queue capacity).
+    """
+    ahead = config.max_waiting - 1 if requests_ahead is None else requests_ahead
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or not 0 <= ahead < config.max_waiting:
+        raise ValueError(f"requests_ahead must be an int in [0, max_waiting={config.max_waiting}), got {ahead!r}")
+    if config.policy is AdmitPolicy.ADMIT_ALL:
+        return ahead
+    return config.max_wait_steps + ahead

@@ -1,0 +1,157 @@
+"""plan_step: the pure decision of which running requests decode and which waiting windows are admitted.
+
+Budget policy, for one step:
+  * every running request decodes (q_len rows each); decode is never starved;
+  * the waiting queue is admitted as a FIFO prefix while each next window fits both the token budget
+    (decode rows + window rows) and the window-row bound, and a running slot is free;
+  * the queue head is admitted over the token budget (alone, so the step has exactly
+    decode_rows + head.window_rows rows) when it has waited `max_wait_steps` steps, or when nothing is
+    running (no inter-token latency to protect). The window-row bound is never exceeded: it is >= W.
+So a request with p requests ahead of it at arrival is admitted at most max_wait_steps + p steps after
+arrival, plus one step for every step in that span whose running batch had no free slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+from .config import AdmitPolicy, SchedulerConfig, StepMode
+from .request_views import RunningRequest, WaitingRequest, check_step_inputs
+
+
+class AdmitReason(str, Enum):
+    """Why a waiting request was or was not admitted in a step."""
+
+    FITS = "fits"  # within the remaining token budget and window-row bound
+    AGED = "aged"  # head that waited max_wait_steps: admitted over the token budget
+    NO_DECODE = "no_decode"  # head admitted over the token budget: no running request to slow down
+    ADMIT_ALL = "admit_all"  # admit_all policy
+    NO_SLOT = "no_slot"  # running batch full
+    OVER_BUDGET = "over_budget"
+    OVER_WINDOW_BOUND = "over_window_bound"
+
+    @property
+    def admits(self) -> bool:
+        return self in (AdmitReason.FITS, AdmitReason.AGED, AdmitReason.NO_DECODE, AdmitReason.ADMIT_ALL)
+
+    @property
+    def over_budget(self) -> bool:
+        """The admission may take the step past the token budget."""
+        return self in (AdmitReason.AGED, AdmitReason.NO_DECODE)
+
+
+class StepShape(str, Enum):
+    """What rows a step holds and how many forwards run them."""
+
+    IDLE = "idle"
+    DECODE_ONLY = "decode_only"
+    WINDOW_ONLY = "window_only"
+    MIXED = "mixed"  # decode and window rows in one forward
+    DECODE_THEN_WINDOW = "decode_then_window"  # separate mode: decode forward, then window forward
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """One waiting request's outcome, with the room that was left when it was considered."""
+
+    request_id: str
+    window_rows: int
+    age: int
+    reason: AdmitReason
+    budget_left: int  # token budget left before this request (negative after an over-budget admission)
+    window_rows_left: int  # window-row bound left before this request
+    free_slots: int  # running slots left before this request
+
+    @property
+    def admitted(self) -> bool:
+        return self.reason.admits
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The decision for one step: all running requests decode, a FIFO prefix of the queue is admitted."""
+
+    step: int
+    mode: StepMode
+    token_budget: int
+    decode: tuple[RunningRequest, ...]
+    admitted: tuple[WaitingRequest, ...]
+    # One decision per admitted request, in order, then the decision that stopped admission (if any).
+    decisions: tuple[AdmissionDecision, ...]
+
+    @property
+    def decode_rows(self) -> int:
+        return sum(r.q_len for r in self.decode)
+
+    @property
+    def window_rows(self) -> int:
+        return sum(w.window_rows for w in self.admitted)
+
+    @property
+    def total_rows(self) -> int:
+        return self.decode_rows + self.window_rows
+
+    @property
+    def exceeds_budget(self) -> bool:
+        return self.total_rows > self.token_budget
+
+    @property
+    def blocked(self) -> AdmissionDecision | None:
+        """The first waiting request that was not admitted, with the reason (None if the queue was drained)."""
+        if self.decisions and not self.decisions[-1].admitted:
+            return self.decisions[-1]
+        return None
+
+    @property
+    def shape(self) -> StepShape:
+        if not self.decode and not self.admitted:
+            return StepShape.IDLE
+        if not self.admitted:
+            return StepShape.DECODE_ONLY
+        if not self.decode:
+            return StepShape.WINDOW_ONLY
+        return StepShape.MIXED if self.mode is StepMode.MIXED else StepShape.DECODE_THEN_WINDOW
+
+
+def _budget_reason(index: int, request: WaitingRequest, step: int, budget_left: int, window_left: int,
+                   has_decode: bool, config: SchedulerConfig) -> AdmitReason:
+    fits_window = request.window_rows <= window_left
+    if fits_window and request.window_rows <= budget_left:
+        return AdmitReason.FITS
+    if index == 0:  # the head always fits the window-row bound (bound >= W >= window_rows)
+        if not has_decode:
+            return AdmitReason.NO_DECODE
+        if request.age(step) >= config.max_wait_steps:
+            return AdmitReason.AGED
+    return AdmitReason.OVER_WINDOW_BOUND if not fits_window else AdmitReason.OVER_BUDGET
+
+
+def plan_step(
+    running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], step: int, config: SchedulerConfig
+) -> StepPlan:
+    """Plan step `step` from the running requests and the waiting queue (oldest first)."""
+    check_step_inputs(running, waiting, step, config)
+    decode = tuple(running)
+    budget_left = config.token_budget - sum(r.q_len for r in decode)
+    window_left = config.max_window_rows_per_step
+    free_slots = config.max_running - len(decode)
+    admitted: list[WaitingRequest] = []
+    decisions: list[AdmissionDecision] = []
+    for index, request in enumerate(waiting):
+        if free_slots == 0:
+            reason = AdmitReason.NO_SLOT
+        elif config.policy is AdmitPolicy.ADMIT_ALL:
+            reason = AdmitReason.ADMIT_ALL
+        else:
+            reason = _budget_reason(index, request, step, budget_left, window_left, bool(decode), config)
+        decisions.append(AdmissionDecision(request.request_id, request.window_rows, request.age(step), reason,
+                                           budget_left, window_left, free_slots))
+        if not reason.admits:
+            break  # FIFO: nobody overtakes the first request that cannot go
+        admitted.append(request)
+        budget_left -= request.window_rows
+        window_left -= request.window_rows
+        free_slots -= 1
+    return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))

@@ -1,0 +1,155 @@
+"""SplitPlan: where a request is cut between the prefill role and the decode role, and what crosses.
+
+For a prompt of N tokens and window W: B = max(N - W, 0). The prefill role computes [0, B) and
+ships, per KV owner, the compressed rows and index keys that [0, B) completes (ratio-2 owners:
+floor(B/2) pair rows, plus the compressor tail when B is odd; the ratio-1 owner: B rows); with
+the exact-encoder handoff also the encoder layers' window rows [B - (W-1), B). The decode role
+computes [B, N) through every layer. N <= W: nothing crosses and the prefill role runs no layer.
+
+Semantics (architecture.md):
+  exact               plain full prefill, no floors (cannot be split when N > W)
+  decoder-replay      window queries from the last KV source on see window keys only from B
+  asym                every layer's window keys floored at B on the decode role
+  asym-exact-encoder  decoder-replay computed split: the prefill role also ships encoder window rows
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from .cache import index_group, kv_group, swa_group, tail_group
+from .config import V41Config
+from .formats import row_bytes
+from .layer_plan import LayerPlan
+from .manifest import PayloadManifest, RowGroup
+
+
+class Semantics(str, Enum):
+    EXACT = "exact"
+    DECODER_REPLAY = "decoder-replay"
+    ASYM = "asym"
+    ASYM_EXACT_ENCODER = "asym-exact-encoder"
+
+    @classmethod
+    def parse(cls, value: "str | Semantics") -> "Semantics":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown semantics {value!r}; choose one of {[s.value for s in cls]}") from None
+
+
+ROW_FORMATS = ("model", "release")
+
+
+class SplitError(ValueError):
+    """A split that cannot be made (bad window, prompt too long, semantics that cannot be split)."""
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    config: V41Config
+    prompt_len: int
+    window: int = 128
+    semantics: Semantics = Semantics.ASYM_EXACT_ENCODER
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "semantics", Semantics.parse(self.semantics))
+        if type(self.window) is not int or self.window < 1:
+            raise SplitError(f"window W must be a positive integer, got {self.window!r}")
+        if self.window > self.config.sliding_window:
+            raise SplitError(f"window W={self.window} exceeds the model's sliding window {self.config.sliding_window}")
+        if type(self.prompt_len) is not int or self.prompt_len < 1:
+            raise SplitError(f"prompt length must be a positive integer, got {self.prompt_len!r}")
+        if self.prompt_len > self.config.max_position_embeddings:
+            raise SplitError(f"prompt of {self.prompt_len} tokens exceeds max_position_embeddings "
+                             f"{self.config.max_position_embeddings}")
+        if self.semantics is Semantics.EXACT and self.boundary > 0:
+            raise SplitError("semantics 'exact' cannot be split when N > W: the decode role never has the "
+                             "decoder layers' window rows below B; use decoder-replay / asym-exact-encoder")
+
+    # ---- the cut ---------------------------------------------------------------------------
+    @property
+    def boundary(self) -> int:
+        """B = N - W: the first token the decode role computes (0 when N <= W)."""
+        return max(self.prompt_len - self.window, 0)
+
+    @property
+    def runs_prefill(self) -> bool:
+        return self.boundary > 0
+
+    @property
+    def plan(self) -> LayerPlan:
+        return LayerPlan.from_config(self.config)
+
+    @property
+    def ships_encoder_swa(self) -> bool:
+        return self.runs_prefill and self.semantics in (Semantics.ASYM_EXACT_ENCODER, Semantics.DECODER_REPLAY)
+
+    @property
+    def encoder_swa_rows(self) -> tuple[int, int]:
+        """Window rows [start, B) the exact-encoder handoff ships per encoder layer."""
+        b = self.boundary
+        return (max(b - (self.config.sliding_window - 1), 0), b) if self.ships_encoder_swa else (b, b)
+
+    def compressed_rows(self, owner: int) -> int:
+        return self.boundary // self.config.compress_ratios[owner]
+
+    def has_tail(self, owner: int) -> bool:
+        ratio = self.config.compress_ratios[owner]
+        return ratio > 1 and self.boundary % ratio != 0
+
+    def swa_floors(self) -> dict[int, int]:
+        """Per-layer window floors the decode role's window step applies (absolute positions)."""
+        b, last = self.boundary, self.plan.last_kv_source
+        layers = range(self.config.num_hidden_layers)
+        if b == 0 or self.semantics is Semantics.EXACT:
+            return {}
+        if self.semantics is Semantics.ASYM:
+            return {i: b for i in layers}
+        return {i: b for i in layers if i >= last}
+
+    # ---- the payload -----------------------------------------------------------------------
+    def manifest(self, row_format: str = "release", dtype: torch.dtype = torch.float32) -> PayloadManifest:
+        """Row groups and bytes of the prefix payload, in the model dtype or at the release's formats."""
+        if row_format not in ROW_FORMATS:
+            raise ValueError(f"row format must be one of {ROW_FORMATS}, got {row_format!r}")
+        cfg = self.config
+        if not self.runs_prefill:
+            return PayloadManifest(())
+        elem = torch.empty((), dtype=dtype).element_size()
+        if row_format == "release":
+            kv_b, idx_b, swa_b = row_bytes("nvfp4", cfg.head_dim), row_bytes("mxfp4", cfg.index_head_dim), \
+                row_bytes("fp8", cfg.head_dim)
+        else:
+            kv_b, idx_b, swa_b = cfg.head_dim * elem, cfg.index_head_dim * elem, cfg.head_dim * elem
+        tail_b = 2 * cfg.head_dim * 4  # value and gate of the pending token, fp32 in every format
+        groups = []
+        for owner in self.plan.kv_owner_layers:
+            groups += [RowGroup(kv_group(owner), kv_b, self.compressed_rows(owner)),
+                       RowGroup(index_group(owner), idx_b, self.compressed_rows(owner))]
+            if self.has_tail(owner):
+                groups.append(RowGroup(tail_group(owner), tail_b, 1))
+        start, end = self.encoder_swa_rows
+        if end > start:
+            groups += [RowGroup(swa_group(i), swa_b, end - start) for i in self.plan.encoder_layers]
+        return PayloadManifest(tuple(groups))
+
+    def symmetric_manifest(self, dspark_ring_bytes: int = 0) -> PayloadManifest:
+        """What symmetric PD ships for the same prompt at the release's formats: global rows for all
+        N tokens, every layer's window rows, and the drafter's rings (for comparison only)."""
+        cfg, n = self.config, self.prompt_len
+        kv_b, idx_b, swa_b = row_bytes("nvfp4", cfg.head_dim), row_bytes("mxfp4", cfg.index_head_dim), \
+            row_bytes("fp8", cfg.head_dim)
+        groups = []
+        for owner in self.plan.kv_owner_layers:
+            ratio = cfg.compress_ratios[owner]
+            groups += [RowGroup(kv_group(owner), kv_b, n // ratio), RowGroup(index_group(owner), idx_b, n // ratio)]
+            if ratio > 1 and n % ratio:
+                groups.append(RowGroup(tail_group(owner), 2 * cfg.head_dim * 4, 1))
+        groups += [RowGroup(swa_group(i), swa_b, min(n, cfg.sliding_window)) for i in range(cfg.num_hidden_layers)]
+        if dspark_ring_bytes:
+            groups.append(RowGroup("dspark.rings", dspark_ring_bytes, 1))
+        return PayloadManifest(tuple(groups))
