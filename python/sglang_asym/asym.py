@@ -42,6 +42,7 @@ def run_prefix(model: V41Model, cache_set: CacheSet, tokens: torch.Tensor, split
     if model.role != "prefill":
         raise ValueError("run_prefix needs the prefill-role model")
     _check_prompt(tokens, split)
+    split.require_splittable()
     model.layers_run = ()
     meta = dict(config_fingerprint=model.cfg.fingerprint(), window=split.window,
                 semantics=split.semantics.value, prompt_len=split.prompt_len, boundary=split.boundary)
@@ -74,6 +75,7 @@ def extract_payload(cache: RequestCache, split: SplitPlan) -> dict[str, torch.Te
 
 def install_prefix(model: V41Model, cache_set: CacheSet, state: PrefixState, split: SplitPlan) -> RequestCache:
     """Decode role: a fresh request cache holding the prefix rows, floors set, positioned at B."""
+    split.require_splittable()
     _check_state(model, state, split)
     cache = cache_set.new_request()
     try:

@@ -66,9 +66,6 @@ class SplitPlan:
         if self.prompt_len > self.config.max_position_embeddings:
             raise SplitError(f"prompt of {self.prompt_len} tokens exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
-        if self.semantics is Semantics.EXACT and self.boundary > 0:
-            raise SplitError("semantics 'exact' cannot be split when N > W: the decode role never has the "
-                             "decoder layers' window rows below B; use decoder-replay / asym-exact-encoder")
 
     # ---- the cut ---------------------------------------------------------------------------
     @property
@@ -79,6 +76,11 @@ class SplitPlan:
     @property
     def runs_prefill(self) -> bool:
         return self.boundary > 0
+
+    def require_splittable(self) -> None:
+        if self.semantics is Semantics.EXACT and self.boundary > 0:
+            raise SplitError("semantics 'exact' cannot be split when N > W: the decode role never has the "
+                             "decoder layers' window rows below B; use decoder-replay / asym-exact-encoder")
 
     @property
     def plan(self) -> LayerPlan:
