@@ -252,7 +252,7 @@ class V41Config:
             candidate_block_size=4,
             engram_layer_ids=(),
             engram_num_embeddings=(),
-            num_nextn_predict_layers=0,
+            num_nextn_predict_layers=2,
             dspark_target_layer_ids=(6, 7, 8),
             dspark_n_routed_experts=8,
             dspark_num_experts_per_tok=2,

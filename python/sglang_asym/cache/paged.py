@@ -113,6 +113,17 @@ class PagedRows:
         self.base += whole * page_rows
         self.start = row
 
+    def truncate(self, end: int) -> None:
+        """Forget rows >= end (a rejected speculative suffix) and free pages left empty."""
+        if not self.start <= end <= self.end:
+            raise IndexError(f"cannot truncate {self.pool.spec.name!r} rows [{self.start}, {self.end}) to end {end}")
+        page_rows = self.pool.spec.page_rows
+        keep = -(-(end - self.base) // page_rows)
+        for page in self.pages[keep:]:
+            self.pool.free(page, self.owner)
+        self.pages = self.pages[:keep]
+        self.end = end
+
     def release(self) -> None:
         for page in self.pages:
             self.pool.free(page, self.owner)

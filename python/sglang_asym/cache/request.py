@@ -34,6 +34,10 @@ def tail_group(owner: int) -> str:
     return f"tail.L{owner}"
 
 
+# Compressor inputs kept per ratio-2 owner for rollback: more than the widest verify step (1 + 7).
+JOURNAL_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class CacheSizing:
     max_requests: int = 4
@@ -90,6 +94,7 @@ class RequestCache:
         self.groups: dict[str, PagedRows] = {}
         self.swa_floor: dict[int, int] = {}
         self._tails: dict[int, PagedRows] = {}
+        self._journal: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
         self.released = False
 
     def rows(self, group: str) -> PagedRows:
@@ -121,10 +126,40 @@ class RequestCache:
             rows.append(value.unsqueeze(0).float())
             self._tails[owner] = rows
 
+    # ---- speculative rollback ------------------------------------------------------------
+    def record_pair_inputs(self, owner: int, first_pos: int, values: torch.Tensor, gates: torch.Tensor) -> None:
+        """Keep the last JOURNAL_TOKENS tokens' compressor value/gate so a rollback can rebuild a tail."""
+        keep = min(JOURNAL_TOKENS, values.shape[0])
+        self._journal[owner] = (first_pos + values.shape[0] - keep, values[-keep:].clone(), gates[-keep:].clone())
+
+    def truncate(self, pos: int) -> None:
+        """Roll back to `pos` tokens (drop a rejected speculative suffix): window rows, compressed rows
+        and index keys past it are forgotten and each ratio-2 owner's tail is rebuilt."""
+        if not 0 <= pos <= self.pos:
+            raise ValueError(f"cannot roll back to {pos}: the request holds {self.pos} tokens")
+        if pos == self.pos:
+            return
+        cfg = self.set.cfg
+        for name, rows in self.groups.items():
+            kind, layer = name.split(".L")
+            ratio = 1 if kind == "swa" else cfg.compress_ratios[int(layer)]
+            rows.truncate(max(min(pos // ratio, rows.end), rows.start))
+        for owner, (first, values, gates) in self._journal.items():
+            if pos % 2 == 0:
+                self.set_tail(owner, None)
+                continue
+            if not first <= pos - 1 < first + values.shape[0]:
+                raise ValueError(f"cannot roll back to {pos}: layer {owner}'s compressor input for token {pos - 1} "
+                                 "is no longer kept")
+            i = pos - 1 - first
+            self.set_tail(owner, torch.stack((values[i], gates[i])))
+        self.pos = pos
+
     def release(self) -> None:
         """Return every page to its pool; safe to call twice."""
         for rows in list(self.groups.values()) + list(self._tails.values()):
             rows.release()
         self.groups.clear()
         self._tails.clear()
+        self._journal.clear()
         self.released = True

@@ -17,10 +17,11 @@ from ..config import V41Config
 from ..layer_plan import LayerInfo, Role
 from .compressor import Compressor, write_compressed_rows
 from .indexer import Indexer
-from .primitives import RMSNorm, RopeTable, apply_rope, grouped_linear, linear
+from .primitives import RMSNorm, RopeTable, apply_rope, grouped_linear
 from .quant import Quantizer
 
 QUERY_TILE = 256  # queries per attention/indexer tile: bounds the [tile, heads, keys] temporaries
+ROLLBACK_MARGIN = 16  # window rows kept beyond the window so a rejected speculative suffix can be undone
 
 
 @dataclass
@@ -79,8 +80,9 @@ class Attention(nn.Module):
         attended = apply_rope(attended, angles, inverse=True)
         grouped = grouped_linear(attended.reshape(x.shape[0], cfg.o_groups, -1), self.wo_a.weight, cfg.o_groups)
         out = self.wo_b(grouped.flatten(1))
-        # Only the last window stays: the next chunk's first query needs keys from p - W + 1 on.
-        window_rows.drop_before(int(pos[-1]) + 2 - cfg.sliding_window)
+        # Only the last window stays (the next chunk's first query needs keys from p - W + 1 on), plus a
+        # margin for rolling back a rejected speculative suffix.
+        window_rows.drop_before(int(pos[-1]) + 2 - cfg.sliding_window - ROLLBACK_MARGIN)
         return out
 
     def _index(self, x, q_latent, angles, state: ChunkState, cache: RequestCache, quant: Quantizer) -> None:

@@ -41,6 +41,7 @@ class Compressor(nn.Module):
         elif start % 2:
             raise RuntimeError(f"layer {owner}: chunk starts at odd position {start} but no compressor tail is held")
         first_token = start - (1 if tail is not None else 0)
+        cache.record_pair_inputs(owner, first_token, v, g)
         pairs = v.shape[0] // 2
         cache.set_tail(owner, torch.stack((v[2 * pairs], g[2 * pairs])) if v.shape[0] % 2 else None)
         v = v[: 2 * pairs].unflatten(0, (pairs, 2))

@@ -67,6 +67,7 @@ class V41Model(nn.Module):
                 self.layers = nn.ModuleList(blocks)
         self.requires_grad_(False)
         self.layers_run: tuple[int, ...] = ()
+        self.captured: dict[int, torch.Tensor] = {}
 
     # ---- weights ---------------------------------------------------------------------------
     def expected_tensor_names(self) -> frozenset[str]:
@@ -104,13 +105,17 @@ class V41Model(nn.Module):
                                f"{self.cfg.max_position_embeddings}")
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, cache: RequestCache, logits: str = "last") -> torch.Tensor | None:
+    def forward(self, tokens: torch.Tensor, cache: RequestCache, logits: str = "last",
+                capture: tuple[int, ...] = ()) -> torch.Tensor | None:
         """Run tokens at positions [cache.pos, cache.pos + T). logits: 'last' -> [V], 'all' -> [T, V],
-        'none' -> None (the prefill role always returns None)."""
+        'none' -> None (the prefill role always returns None). `capture`: layer ids whose input
+        streams, averaged over the streams ([T, hidden]), are left in `self.captured` (drafter features)."""
         if cache.released:
             raise RuntimeError("cache was released")
         if cache.set.role != self.role:
             raise ValueError(f"a {cache.set.role}-role cache cannot serve a {self.role}-role model")
+        if logits not in ("last", "all", "none"):
+            raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
         start = cache.pos
         self.validate_tokens(tokens, start)
         tokens = tokens.to(self.embed.weight.device).long()
@@ -119,8 +124,11 @@ class V41Model(nn.Module):
         pre = torch.zeros(tokens.numel(), self.cfg.hc_mult, dtype=torch.float32, device=tokens.device)
         pre[:, 0] = 1
         ran = []
+        self.captured = {}
         for block in self.layers:
             ran.append(block.info.index)
+            if block.info.index in capture:
+                self.captured[block.info.index] = streams.float().mean(dim=1).to(streams.dtype)
             if isinstance(block, KVPathBlock):
                 block(streams, pre, state, cache, self.quant)
                 break
