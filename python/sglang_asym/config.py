@@ -241,7 +241,7 @@ class V41Config:
                           ("original_max_position_embeddings", 1024), ("rope_type", "yarn")),
             n_routed_experts=8,
             num_experts_per_tok=2,
-            compress_ratios=(0, 2, 2, 2, 2, 1, 1, 1, 1),
+            compress_ratios=(0, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0),
             kv_source_layer_ids=(1, 3, 5),
             index_source_layer_ids=(1, 3, 5, 7),
             index_n_heads=32,

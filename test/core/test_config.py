@@ -84,7 +84,7 @@ def test_not_a_v41_config(raw, message):
 @pytest.mark.parametrize("change, message", [
     ({"num_key_value_heads": 2}, "num_key_value_heads"),
     ({"hidden_size": 0}, "hidden_size"),
-    ({"compress_ratios": (0, 3, 2, 2, 2, 1, 1, 1, 1)}, "compress_ratios"),
+    ({"compress_ratios": (0, 3, 2, 2, 2, 1, 1, 1, 1, 0, 0)}, "compress_ratios"),
     ({"kv_source_layer_ids": (3, 1, 5)}, "kv_source_layer_ids"),
     ({"candidate_source_layer_id": 3}, "candidate_source"),
     ({"index_topk": 64}, "candidate_topk_blocks"),
