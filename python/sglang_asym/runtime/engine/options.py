@@ -1,0 +1,37 @@
+"""EngineOptions: what every embedded engine is configured with (from the launch CLI's flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...sched import SchedulerConfig
+from ...split import Semantics
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model_path: str
+    window: int = 128  # --asym-window
+    semantics: Semantics = Semantics.ASYM_EXACT_ENCODER  # --asym-semantics
+    cache_quant: str = "release"  # --cache-quant: the release's cache formats are part of the model
+    max_running: int = 8
+    max_total_tokens: int = 8192  # per-request cache capacity (prompt + generated)
+    page_rows: int = 64
+    prefill_chunk: int = 1024  # the prefill role computes and ships the prefix in chunks of this many tokens
+    transfer_timeout_s: float = 30.0  # a prefix that has not arrived by then fails the request
+    bootstrap_port: int | None = None  # prefill role: where its bootstrap server listens
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
+        token_budget=256, max_window_rows_per_step=256, max_running=8, num_draft_tokens=0))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "semantics", Semantics.parse(self.semantics))
+        if self.semantics not in (Semantics.ASYM, Semantics.ASYM_EXACT_ENCODER):
+            raise ValueError(f"--asym-semantics must be asym or asym-exact-encoder, got {self.semantics.value!r}")
+        if self.window < 1:
+            raise ValueError(f"--asym-window must be >= 1, got {self.window}")
+        if self.cache_quant not in ("none", "release"):
+            raise ValueError(f"--cache-quant must be none or release, got {self.cache_quant!r}")
+        if self.max_running < 1 or self.max_total_tokens < 2 or self.prefill_chunk < 1:
+            raise ValueError("max_running, max_total_tokens and prefill_chunk must be positive")
+        if self.transfer_timeout_s <= 0:
+            raise ValueError(f"transfer timeout must be > 0, got {self.transfer_timeout_s}")
