@@ -1,0 +1,121 @@
+"""`python -m sglang_asym.launch_server`: the embedded runtime's server, with SGLang's flag names.
+
+  --disaggregation-mode null          the full model in one process (reference, baseline)
+  --disaggregation-mode asym-prefill  encoder + last KV source's path; computes [0, N-W), ships the prefix
+  --disaggregation-mode asym-decode   the full model; runs [N-W, N) over the prefix, then decodes
+  --disaggregation-mode prefill|decode  symmetric PD as SGLang does it today (the baseline to beat)
+
+The same flags are accepted by `python -m sglang.launch_server` through the SGLang plugin, which
+hands CPU runs (and anything SGLang's own engine cannot serve) to this module."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .checkpoint import CheckpointError
+from .config import ConfigError
+from .sched import SchedulerConfig
+from .split import Semantics
+
+MODES = ("null", "asym-prefill", "asym-decode", "prefill", "decode")
+logger = logging.getLogger("sglang_asym.launch_server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sglang_asym.launch_server", description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--disaggregation-mode", choices=MODES, default="null")
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    p.add_argument("--disaggregation-transfer-backend", choices=["mooncake"], default="mooncake")
+    p.add_argument("--disaggregation-ib-device", default=None, help="accepted for SGLang compatibility (RDMA)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--asym-window", type=int, default=128)
+    p.add_argument("--asym-semantics", choices=[Semantics.ASYM_EXACT_ENCODER.value, Semantics.ASYM.value],
+                   default=Semantics.ASYM_EXACT_ENCODER.value)
+    p.add_argument("--cache-quant", choices=["none", "release"], default="release")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=0)
+    p.add_argument("--max-running-requests", type=int, default=8)
+    p.add_argument("--max-total-tokens", type=int, default=8192, help="per-request context capacity")
+    p.add_argument("--chunked-prefill-size", type=int, default=1024)
+    p.add_argument("--decode-token-budget", type=int, default=256, help="rows per decode-worker step")
+    p.add_argument("--schedule-mode", choices=["mixed", "separate"], default="mixed")
+    p.add_argument("--admission-policy", choices=["budget", "admit_all"], default="budget")
+    p.add_argument("--transfer-timeout", type=float, default=30.0)
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def validate(args: argparse.Namespace) -> None:
+    if args.device == "cuda":
+        raise SystemExit("error: the embedded runtime runs on --device cpu; CUDA serving goes through "
+                         "`python -m sglang.launch_server` with the sglang-asym plugin")
+    if not 0 <= args.speculative_num_draft_tokens <= 7:
+        raise SystemExit(f"error: --speculative-num-draft-tokens must be in [0, 7], got {args.speculative_num_draft_tokens}")
+    if args.speculative_num_draft_tokens:
+        raise SystemExit("error: the embedded runtime serves plain decoding in this release; speculative decoding "
+                         "is available through sglang_asym.speculative (see README)")
+    if args.asym_window < 1 or args.max_running_requests < 1 or args.max_total_tokens < 2:
+        raise SystemExit("error: --asym-window, --max-running-requests and --max-total-tokens must be positive")
+    if not Path(args.model_path).is_dir():
+        raise SystemExit(f"error: --model-path {args.model_path} is not a checkpoint directory")
+
+
+def engine_options(args: argparse.Namespace):
+    from .runtime.engine.options import EngineOptions
+
+    budget = max(args.decode_token_budget, args.max_running_requests, args.asym_window)
+    sched = SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, args.asym_window),
+                            max_running=args.max_running_requests, num_draft_tokens=0, window=args.asym_window,
+                            mode=args.schedule_mode, policy=args.admission_policy)
+    return EngineOptions(model_path=args.model_path, window=args.asym_window, semantics=args.asym_semantics,
+                         cache_quant=args.cache_quant, max_running=args.max_running_requests,
+                         max_total_tokens=args.max_total_tokens, prefill_chunk=args.chunked_prefill_size,
+                         transfer_timeout_s=args.transfer_timeout,
+                         bootstrap_port=args.disaggregation_bootstrap_port, scheduler=sched)
+
+
+def build_engine(args: argparse.Namespace):
+    from .model.loading import model_from_checkpoint
+    from .runtime.engine.colocated import ColocatedEngine
+
+    options = engine_options(args)
+    mode = args.disaggregation_mode
+    if mode == "null":
+        return ColocatedEngine(model_from_checkpoint(args.model_path, cache_quant=args.cache_quant, progress=True),
+                               options)
+    from .runtime.engine import disaggregated
+
+    return disaggregated.build(mode, args.model_path, options, host=args.host)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    validate(args)
+    from .runtime.http import HttpServerConfig, TextTokenizer, run_http_server
+
+    try:
+        engine = build_engine(args)
+    except (CheckpointError, ConfigError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    config = HttpServerConfig(model_path=args.model_path, tokenizer_path=args.tokenizer_path,
+                              served_model_name=args.served_model_name, host=args.host, port=args.port)
+    logger.info("serving %s (%s) on http://%s:%d", args.model_path, args.disaggregation_mode, args.host, args.port)
+    try:
+        run_http_server(engine, TextTokenizer.from_dir(config.tokenizer_dir), config)
+    finally:
+        shutdown = getattr(engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
