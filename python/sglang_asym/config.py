@@ -280,7 +280,7 @@ class V41Config:
             max_position_embeddings=16384,
             rope_scaling=(("beta_fast", 32), ("beta_slow", 1), ("factor", 4),
                           ("original_max_position_embeddings", 4096), ("rope_type", "yarn")),
-            n_routed_experts=64,
+            n_routed_experts=128,
             num_experts_per_tok=2,
             index_n_heads=16,
             index_head_dim=32,

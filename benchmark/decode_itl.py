@@ -1,0 +1,178 @@
+"""Inter-token latency of running requests under admission bursts, budget policy vs admit-everything.
+
+The decode worker's real loop (`runtime.engine.decode_loop.DecodeLoop`) on the small config, CPU:
+R requests decode steadily; then a burst of new requests (prefix states already transferred)
+arrives at once. Measured in ONE run for both policies, side by side: p50/p99 ITL of the running
+requests in the steady phase and in the burst phase, and TTFT of the burst requests.
+Writes benchmark/results/decode_itl.json and decode_itl.png.
+
+    .venv/bin/python benchmark/decode_itl.py [--running 16] [--burst 8] [--prompt-len 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_asym.asym import run_prefix
+from sglang_asym.cache import CacheSizing
+from sglang_asym.config import V41Config
+from sglang_asym.runtime.engine.decode_loop import ActiveRequest, DecodeLoop
+from sglang_asym.runtime.engine_api import SamplingParams
+from sglang_asym.sched import SchedulerConfig
+from sglang_asym.split import SplitPlan
+from sglang_asym.verify import Models, random_prompt
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.expected_finish: set[str] = set()
+
+    def emitter(self, rid: str):
+        def emit(event) -> None:
+            with self.lock:
+                self.times.setdefault(rid, []).extend([time.perf_counter()] * max(1, len(event.new_token_ids)))
+                if event.finished:
+                    self.expected_finish.discard(rid)
+                    if not self.expected_finish:
+                        self.done.set()
+        return emit
+
+
+def run_policy(models: Models, policy: str, args, prefixes) -> dict:
+    cfg = models.full.cfg
+    total = args.running + args.burst
+    sched = SchedulerConfig(token_budget=args.running + 128, max_window_rows_per_step=128,
+                            max_running=total, num_draft_tokens=0, window=128, mode="mixed", policy=policy)
+    steps = []
+    loop = DecodeLoop(models.full, models.full.new_cache_set(CacheSizing(total + 1, args.prompt_len + 400)),
+                      sched, cfg.eos_token_id, on_step=steps.append)
+    rec = Recorder()
+    loop.start()
+    long_params = SamplingParams(max_new_tokens=args.steady_steps + args.burst + args.tail_steps + 4,
+                                 temperature=0, ignore_eos=True)
+    burst_params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+    rec.expected_finish = {f"run{i}" for i in range(args.running)} | {f"new{i}" for i in range(args.burst)}
+    for i in range(args.running):
+        prompt, split, state = prefixes[i]
+        loop.submit(ActiveRequest(f"run{i}", prompt, split, state, long_params, rec.emitter(f"run{i}")))
+    # steady state: wait until every running request has produced steady_steps tokens
+    while min((len(rec.times.get(f"run{i}", [])) for i in range(args.running)), default=0) < args.steady_steps:
+        time.sleep(0.01)
+    burst_at = time.perf_counter()
+    for j in range(args.burst):
+        prompt, split, state = prefixes[args.running + j]
+        loop.submit(ActiveRequest(f"new{j}", prompt, split, state, burst_params, rec.emitter(f"new{j}"),
+                                  arrival=time.monotonic()))
+    rec.done.wait(timeout=3600)
+    loop.stop()
+    # steady: intervals that ended before the burst; burst: intervals overlapping the admissions
+    admissions_end = max(rec.times[f"new{j}"][0] for j in range(args.burst))
+    steady_itl, burst_itl = [], []
+    for i in range(args.running):
+        ts = rec.times[f"run{i}"]
+        for a, b in zip(ts, ts[1:]):
+            if b <= burst_at:
+                steady_itl.append(b - a)
+            elif a < admissions_end:
+                burst_itl.append(b - a)
+    ttft = [rec.times[f"new{j}"][0] - burst_at for j in range(args.burst)]
+    return {
+        "policy": policy,
+        "steady_p50_ms": 1000 * percentile(steady_itl, 50), "steady_p99_ms": 1000 * percentile(steady_itl, 99),
+        "burst_p50_ms": 1000 * percentile(burst_itl, 50), "burst_p99_ms": 1000 * percentile(burst_itl, 99),
+        "ttft_mean_ms": 1000 * statistics.mean(ttft), "ttft_max_ms": 1000 * max(ttft),
+        "steps": [{"shape": s.shape, "decode_rows": s.decode_rows, "window_rows": s.window_rows,
+                   "seconds": round(s.seconds, 4)} for s in steps],
+        "counters": str(loop.scheduler.counters),
+        "itl_series": {f"run{i}": [round(b - a, 4) for a, b in zip(rec.times[f"run{i}"], rec.times[f"run{i}"][1:])]
+                       for i in range(args.running)},
+        "burst_at_s": burst_at,
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), sharey=True)
+    for ax, r in zip(axes, results):
+        for rid, series in r["itl_series"].items():
+            ax.plot(range(1, len(series) + 1), [1000 * s for s in series], lw=0.8, alpha=0.7)
+        ax.axhline(1.5 * r["steady_p99_ms"], color="k", ls="--", lw=1, label="1.5 x steady p99")
+        ax.set_title(f"{r['policy']}: burst p99 {r['burst_p99_ms']:.0f} ms, TTFT max {r['ttft_max_ms']:.0f} ms")
+        ax.set_xlabel("token index of a running request")
+        ax.legend()
+    axes[0].set_ylabel("inter-token latency (ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--running", type=int, default=16)
+    parser.add_argument("--burst", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--steady-steps", type=int, default=6)
+    parser.add_argument("--tail-steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    models = Models.build(V41Config.small(), args.seed, cache_quant="release")
+    cfg = models.full.cfg
+    prefixes = []
+    p_caches = models.prefill.new_cache_set(CacheSizing(1, args.prompt_len + 8))
+    for i in range(args.running + args.burst):
+        prompt = random_prompt(cfg, args.prompt_len, seed=args.seed * 1000 + i)
+        split = SplitPlan(cfg, args.prompt_len, 128, "asym-exact-encoder")
+        prefixes.append((prompt, split, run_prefix(models.prefill, p_caches, prompt, split)))
+    results = [run_policy(models, policy, args, prefixes) for policy in ("budget", "admit_all")]
+    budget, admit_all = results
+    out = {
+        "command": "python " + " ".join(sys.argv),
+        "config": "small", "device": "cpu", "running": args.running, "burst": args.burst,
+        "prompt_len": args.prompt_len, "window_rows_per_request": 128,
+        "steady_p99_ms": budget["steady_p99_ms"],
+        "steady_p99_ms_admit_all_run": admit_all["steady_p99_ms"],
+        "burst_p99_ms_policy": budget["burst_p99_ms"],
+        "burst_p99_ms_admit_all": admit_all["burst_p99_ms"],
+        "policy_ratio_vs_steady": budget["burst_p99_ms"] / budget["steady_p99_ms"],
+        "admit_all_ratio_vs_steady": admit_all["burst_p99_ms"] / admit_all["steady_p99_ms"],
+        "goal_policy_within_1_5x": budget["burst_p99_ms"] <= 1.5 * budget["steady_p99_ms"],
+        "goal_admit_all_exceeds": admit_all["burst_p99_ms"] > 1.5 * admit_all["steady_p99_ms"],
+        "ttft_price_ms": {"policy_mean": budget["ttft_mean_ms"], "policy_max": budget["ttft_max_ms"],
+                          "admit_all_mean": admit_all["ttft_mean_ms"], "admit_all_max": admit_all["ttft_max_ms"]},
+        "policies": [{k: v for k, v in r.items() if k not in ("itl_series",)} for r in results],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "decode_itl.json").write_text(json.dumps(out, indent=1))
+    plot(results, RESULTS / "decode_itl.png")
+    print(json.dumps({k: v for k, v in out.items() if k != "policies"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

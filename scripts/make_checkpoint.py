@@ -1,0 +1,63 @@
+#!/usr/bin/env python
+"""Write a random-weight DeepSeek-V4.1 checkpoint in the released layout, with a tokenizer.
+
+    scripts/make_checkpoint.py --config small --seed 0 --out /tmp/v41-small [--precision release]
+
+tiny: one model.safetensors by default; small: 9 shards with model.safetensors.index.json, grouped
+so the prefill role opens only the encoder-side shards. DSpark (`mtp.*`) and Engram tensors are
+included when the config has them (--backbone-only leaves them out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from sglang_asym.checkpoint import PRECISIONS, write_checkpoint, write_tokenizer
+from sglang_asym.config import V41Config
+
+DEFAULT_SHARDS = {"tiny": 1, "small": 9}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=sorted(DEFAULT_SHARDS), required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--out", required=True, help="output directory (created if missing)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="release",
+                        help="release: FP8/FP4 with e8m0 scales as published; bf16 / fp32: unquantized")
+    parser.add_argument("--shards", type=int, default=None,
+                        help=f"number of safetensors files (default {DEFAULT_SHARDS})")
+    parser.add_argument("--backbone-only", action="store_true",
+                        help="omit the non-backbone tensors (DSpark mtp.*, Engram)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+
+    cfg = V41Config.preset(args.config)
+    start = time.perf_counter()
+    summary = write_checkpoint(
+        args.out, cfg, args.seed,
+        precision=args.precision,
+        num_shards=args.shards or DEFAULT_SHARDS[args.config],
+        include_extras=not args.backbone_only,
+        progress=not args.quiet,
+    )
+    write_tokenizer(args.out, cfg)
+    report = {
+        "out": str(summary.directory),
+        "config": args.config,
+        "seed": args.seed,
+        "precision": args.precision,
+        "files": list(summary.files),
+        "tensors": summary.tensors,
+        "total_bytes": summary.total_bytes,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
