@@ -1,0 +1,25 @@
+"""Transfer layer: moves a request's prefix payload from the prefill worker P to the decode
+worker D over the Mooncake Transfer Engine, with an SGLang-compatible bootstrap.
+
+Modules (one job each):
+    poll            KVPoll, numbered as SGLang's
+    config, compat  TransferConfig (timeouts, limits); TransferCompat (what P and D must agree on)
+    codec, messages typed, versioned msgpack control messages
+    channel, loops  ZMQ sockets; the service thread (messages, deadlines) and the task worker
+    bootstrap       SGLang-compatible bootstrap HTTP server; bootstrap_client talks to it
+    engine, regions Mooncake wrapper (return codes -> exceptions), registered-memory checks
+    row_pool, runs  pools of fixed-size rows; slot-run coalescing
+    slot_pool, quarantine, decode_slots   destination slot ownership on D
+    checksum        per-group CRC32 over rows in row order
+    prefill_manager, prefill_room, prefill_writer, sender      P side (PrefillTransferManager, Sender)
+    decode_manager, decode_room, decode_slots, receiver        D side (DecodeTransferManager, Receiver)
+    loopback_rpc, loopback_common, loopback_agents   spawned P/D agents for tests and benchmarks
+"""
+
+from sglang_asym.transfer.compat import RowFormat, TransferCompat
+from sglang_asym.transfer.config import TransferConfig
+from sglang_asym.transfer.poll import KVPoll
+from sglang_asym.transfer.row_pool import RowPool
+from sglang_asym.transfer.slot_pool import SlotAllocator
+
+__all__ = ["KVPoll", "RowFormat", "RowPool", "SlotAllocator", "TransferCompat", "TransferConfig"]

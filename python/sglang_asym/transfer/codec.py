@@ -1,0 +1,162 @@
+"""Typed, versioned msgpack encoding of frozen dataclass messages.
+
+Wire form of one message: msgpack array `[MAGIC, version, type_tag, {field: value}]`.
+Nested frozen dataclasses become maps, tuples become arrays. Decoding rebuilds the exact
+dataclass types from their annotations and rejects anything else with a `ProtocolError`
+that names the message type and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any, Callable
+
+import msgpack
+
+from sglang_asym.transfer.errors import ProtocolError
+
+MAGIC = "sgla"
+PROTOCOL_VERSION = 1
+
+_REGISTRY: dict[str, type] = {}
+
+
+def message(tag: str):
+    """Class decorator: register a frozen dataclass as a wire message under `tag`."""
+
+    def register(cls: type) -> type:
+        if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
+            raise TypeError(f"{cls.__name__} must be a frozen dataclass")
+        if tag in _REGISTRY:
+            raise TypeError(f"message tag {tag!r} registered twice")
+        _REGISTRY[tag] = cls
+        cls.TAG = tag
+        return cls
+
+    return register
+
+
+def encode(msg: Any) -> bytes:
+    tag = getattr(type(msg), "TAG", None)
+    if tag is None or _REGISTRY.get(tag) is not type(msg):
+        raise TypeError(f"{type(msg).__name__} is not a registered message")
+    return msgpack.packb([MAGIC, PROTOCOL_VERSION, tag, _to_wire(msg)], use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    try:
+        envelope = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"control message is not valid msgpack: {exc}") from exc
+    if not isinstance(envelope, list) or len(envelope) != 4 or envelope[0] != MAGIC:
+        raise ProtocolError("control message lacks the sglang-asym envelope [magic, version, type, fields]")
+    _, version, tag, fields = envelope
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"unsupported control protocol version {version!r} (this side speaks {PROTOCOL_VERSION})")
+    cls = _REGISTRY.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown control message type {tag!r}")
+    return _from_wire(cls, fields, tag)
+
+
+def _to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def _from_wire(tp: Any, value: Any, path: str) -> Any:
+    return _decoder(tp)(value, path)
+
+
+@functools.cache
+def _decoder(tp: Any) -> Callable[[Any, str], Any]:
+    """A decoding function for type `tp`, built once per type (messages carry thousands of runs)."""
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_decoder(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _decoder(args[0])
+
+        def decode_homogeneous(value: Any, path: str) -> tuple:
+            if type(value) is not list:
+                raise ProtocolError(f"{path}: expected an array, got {type(value).__name__}")
+            try:  # item paths are only formatted when something is wrong
+                return tuple([item(v, path) for v in value])
+            except ProtocolError:
+                for i, v in enumerate(value):
+                    item(v, f"{path}[{i}]")
+                raise
+
+        return decode_homogeneous
+    if origin is tuple:
+        items = [_decoder(a) for a in args]
+
+        exact = tuple(a for a in args if a in (int, str, bytes, bool)) == args  # fast path: plain scalars
+
+        def decode_fixed(value: Any, path: str) -> tuple:
+            if type(value) is not list:
+                raise ProtocolError(f"{path}: expected an array, got {type(value).__name__}")
+            if len(value) != len(items):
+                raise ProtocolError(f"{path}: expected {len(items)} items, got {len(value)}")
+            if exact and all(type(v) is a for v, a in zip(value, args)):
+                return tuple(value)
+            return tuple(d(v, f"{path}[{i}]") for i, (d, v) in enumerate(zip(items, value)))
+
+        return decode_fixed
+    if origin in (typing.Union, types.UnionType):
+        options = [_decoder(a) for a in args]
+
+        def decode_union(value: Any, path: str) -> Any:
+            for option in options:
+                try:
+                    return option(value, path)
+                except ProtocolError:
+                    continue
+            raise ProtocolError(f"{path}: {value!r} matches none of {tp}")
+
+        return decode_union
+    if tp is type(None) or tp in (int, float, str, bool, bytes):
+        return _scalar_decoder(tp)
+    raise TypeError(f"no wire decoding for type {tp!r}")
+
+
+def _scalar_decoder(tp: type) -> Callable[[Any, str], Any]:
+    expected = type(None) if tp is type(None) else tp
+    name = "nil" if tp is type(None) else tp.__name__
+
+    def decode_scalar(value: Any, path: str) -> Any:
+        # Exact type match: bool is an int subclass, so True never passes for an int field.
+        if type(value) is expected:
+            return value
+        if tp is float and type(value) is int:
+            return float(value)
+        raise ProtocolError(f"{path}: expected {name}, got {type(value).__name__}")
+
+    return decode_scalar
+
+
+def _dataclass_decoder(cls: type) -> Callable[[Any, str], Any]:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    fields = [(n, _decoder(hints[n])) for n in names]
+
+    def decode_dataclass(value: Any, path: str) -> Any:
+        if type(value) is not dict:
+            raise ProtocolError(f"{path}: expected a map for {cls.__name__}, got {type(value).__name__}")
+        if len(value) != len(names) or any(n not in value for n in names):
+            missing = sorted(set(names) - value.keys())
+            extra = sorted(map(str, value.keys() - set(names)))
+            raise ProtocolError(f"{path}: fields do not match {cls.__name__} (missing {missing}, unexpected {extra})")
+        kwargs = {n: d(value[n], f"{path}.{n}") for n, d in fields}
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"{path}: invalid {cls.__name__}: {exc}") from exc
+
+    return decode_dataclass

@@ -1,0 +1,236 @@
+"""Decode side: one DecodeTransferManager per worker process, one Receiver per request.
+
+The manager owns the destination pools (registered once) and their slot allocators. For a
+request it allocates slots, finds P through the bootstrap server, sends the handshake with
+the slot runs, and after P's TransferComplete re-computes the CRC of its destination rows
+before it reports Success. Rows of a failed room that P might still write are quarantined.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping
+
+from sglang_asym.manifest import PayloadManifest
+from sglang_asym.transfer import bootstrap_client
+from sglang_asym.transfer.channel import Channel, PeerUnreachableError
+from sglang_asym.transfer.compat import TransferCompat
+from sglang_asym.transfer.config import TransferConfig, stall_threshold
+from sglang_asym.transfer.decode_room import DecodeRoom, destinations, verify_completion
+from sglang_asym.transfer.decode_slots import DecodeSlots
+from sglang_asym.transfer.engine import MooncakeEngine
+from sglang_asym.transfer.errors import DuplicateRoomError
+from sglang_asym.transfer.loops import ServiceLoop, TaskWorker
+from sglang_asym.transfer.messages import (DecodeAbort, Ping, Pong, PrefillFailed, TransferAccept,
+                                           TransferComplete, TransferReject, TransferRequest,
+                                           TransferVerdict, check_room)
+from sglang_asym.transfer.poll import KVPoll
+from sglang_asym.transfer.receiver import Receiver
+from sglang_asym.transfer.row_pool import RowPool
+from sglang_asym.transfer.slot_pool import SlotAllocator
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeTransferManager:
+    def __init__(self, config: TransferConfig, compat: TransferCompat, engine: MooncakeEngine,
+                 pools: Mapping[str, RowPool], allocators: Mapping[str, SlotAllocator] | None = None):
+        self.config, self.compat, self.engine = config, compat, engine
+        self.pools = dict(pools)
+        for name, pool in self.pools.items():
+            if compat.row_format(name).row_bytes != pool.row_bytes:
+                raise ValueError(f"pool {name!r} has {pool.row_bytes} B rows, its row format says "
+                                 f"{compat.row_format(name).row_bytes} B")
+        allocators = dict(allocators) if allocators is not None else {
+            n: SlotAllocator(n, p.num_slots) for n, p in self.pools.items()}
+        for name, pool in self.pools.items():
+            if name not in allocators or allocators[name].capacity != pool.num_slots:
+                raise ValueError(f"pool {name!r} needs an allocator over its {pool.num_slots} slots")
+        self.slots = DecodeSlots(allocators)
+        for pool in self.pools.values():
+            engine.register(pool.base_ptr, pool.nbytes)
+        self._lock = threading.RLock()
+        self._rooms: dict[int, DecodeRoom] = {}
+        self._endpoints: dict[str, str] = {}         # bootstrap addr -> P control endpoint
+        self._last_ping: dict[str, float] = {}
+        self._unanswered_since: dict[str, float] = {}  # P endpoint -> first ping not answered yet
+        self._last_tick = time.monotonic()
+        self.channel = Channel(config.host)
+        self._worker = TaskWorker("decode-transfer-worker")
+        self._checksums = ThreadPoolExecutor(config.checksum_threads, thread_name_prefix="decode-crc")
+        self._loop = ServiceLoop("decode-transfer-service", self.channel, self._on_message, self._on_tick,
+                                 config.tick_s)
+
+    # ---- called through Receiver ------------------------------------------------------
+    def create_receiver(self, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,
+                        manifest: PayloadManifest) -> Receiver:
+        check_room(bootstrap_room)
+        self.compat.check_manifest(manifest)
+        with self._lock:
+            if bootstrap_room in self._rooms or bootstrap_room in self.slots.quarantine:
+                raise DuplicateRoomError(f"bootstrap_room={bootstrap_room} is already active on this decode worker")
+            room = DecodeRoom(bootstrap_room, f"{bootstrap_host}:{bootstrap_port}", manifest,
+                              self.slots.allocate(manifest), created_at=time.monotonic())
+            self._rooms[bootstrap_room] = room
+        self._worker.submit(self._connect, room)
+        return Receiver(self, room)
+
+    def abort(self, room: DecodeRoom, reason: str) -> None:
+        with self._lock:
+            self._fail(room, reason, writes_may_land=True)
+
+    def release(self, room: DecodeRoom) -> None:
+        self.slots.take_back(room.room)
+
+    # ---- worker tasks -----------------------------------------------------------------
+    def _resolve(self, addr: str) -> str:
+        if addr in self._endpoints:
+            return self._endpoints[addr]
+        timeout = self.config.http_timeout_s
+        info = bootstrap_client.fetch_server_info(addr, timeout)
+        if info.get("page_size") is not None and info["page_size"] != self.compat.page_size:
+            raise ValueError(f"page size mismatch: prefill at {addr} has page_size={info['page_size']}, "
+                             f"decode has {self.compat.page_size}")
+        if info["dp_size"] != 1 or info["attn_tp_size"] != 1 or info["attn_cp_size"] != 1 or info["pp_size"] != 1:
+            raise ValueError(f"prefill at {addr} is sharded (dp/tp/cp/pp = {info['dp_size']}/{info['attn_tp_size']}/"
+                             f"{info['attn_cp_size']}/{info['pp_size']}); only one rank is supported")
+        ip, port = bootstrap_client.fetch_rank(addr, 0, 0, 0, 0, timeout)
+        self._endpoints[addr] = endpoint = f"tcp://{ip}:{port}"
+        return endpoint
+
+    def _connect(self, room: DecodeRoom) -> None:
+        try:
+            endpoint = self._resolve(room.bootstrap_addr)
+        except (bootstrap_client.BootstrapError, ValueError, KeyError) as exc:
+            with self._lock:
+                self._fail(room, f"cannot bootstrap with prefill at {room.bootstrap_addr}: {exc}",
+                           writes_may_land=False)
+            return
+        logger.debug("bootstrap_room=%d: connecting to prefill at %s", room.room, endpoint)
+        req = TransferRequest(room.room, self.channel.endpoint, self.engine.session_id, self.compat,
+                              room.manifest, destinations(room, self.pools))
+        with self._lock:
+            if room.state.is_terminal:
+                return
+            room.peer, room.handshake_sent = endpoint, True
+            try:
+                self.channel.send(endpoint, req)
+            except PeerUnreachableError as exc:
+                self._fail(room, f"cannot reach prefill at {endpoint}: {exc}", writes_may_land=False)
+
+    def _verify(self, room: DecodeRoom, msg: TransferComplete) -> None:
+        started = time.perf_counter()
+        problem = verify_completion(room, msg, self.pools, self._checksums)
+        logger.debug("bootstrap_room=%d: verified %d rows in %.2f ms", room.room, room.manifest.total_rows,
+                     (time.perf_counter() - started) * 1e3)
+        with self._lock:
+            if room.state.is_terminal:
+                return
+            if problem is None:
+                room.state, room.finished_at = KVPoll.Success, time.monotonic()
+                del self._rooms[room.room]
+                self.slots.hand_over(room.room, room.dest_slots)
+            else:  # P sends the completion after its last write returned: nothing is in flight
+                self._fail(room, problem, writes_may_land=False)
+        self.channel.try_send(room.peer, TransferVerdict(room.room, problem is None, problem or ""))
+
+    # ---- failures -----------------------------------------------------------------------
+    def _fail(self, room: DecodeRoom, reason: str, writes_may_land: bool, tell_prefill: bool = True) -> None:
+        """Caller holds the lock. Frees the room's slots, or quarantines them while P might still write."""
+        if room.state.is_terminal:
+            return
+        room.state, room.reason, room.finished_at = KVPoll.Failed, reason, time.monotonic()
+        del self._rooms[room.room]
+        logger.info("decode bootstrap_room=%d failed: %s", room.room, reason)
+        if room.handshake_sent and writes_may_land:
+            self.slots.hold(room.room, room.dest_slots, time.monotonic() + self.config.quarantine_grace_s)
+            if tell_prefill:
+                self.channel.try_send(room.peer, DecodeAbort(room.room, reason, self.channel.endpoint))
+        else:
+            self.slots.free(room.dest_slots)
+
+    # ---- control messages (service thread) ---------------------------------------------
+    def _on_message(self, msg) -> None:
+        logger.debug("decode got %s (room %s)", type(msg).__name__, getattr(msg, "room", "-"))
+        if isinstance(msg, Pong):
+            self._heard(msg.prefill_endpoint)
+            return
+        if isinstance(msg, PrefillFailed) and msg.writes_stopped and self.slots.release_quarantine(msg.room):
+            return  # a failed room's rows are safe to reuse now
+        with self._lock:
+            room = self._rooms.get(getattr(msg, "room", None))
+            if room is None:
+                return  # late message for a room that already ended
+            self._heard(room.peer)
+            if isinstance(msg, TransferAccept):
+                problem = self.compat.mismatch(msg.compat)
+                if problem is not None:
+                    self._fail(room, f"incompatible prefill worker (decode vs prefill): {problem}", True)
+                elif room.state == KVPoll.Bootstrapping:
+                    room.state, room.accepted_at = KVPoll.WaitingForInput, time.monotonic()
+            elif isinstance(msg, TransferReject):  # P never writes to a room it rejected
+                self._fail(room, f"prefill refused the transfer: {msg.reason}", writes_may_land=False)
+            elif isinstance(msg, PrefillFailed):
+                self._fail(room, f"prefill failed: {msg.reason}", writes_may_land=not msg.writes_stopped,
+                           tell_prefill=False)
+            elif isinstance(msg, TransferComplete) and not room.verifying:
+                logger.debug("bootstrap_room=%d: completion received", room.room)
+                room.verifying, room.state = True, KVPoll.Transferring
+                self._worker.submit(self._verify, room, msg)
+
+    def _heard(self, endpoint: str | None) -> None:
+        self._unanswered_since.pop(endpoint, None)
+
+    # ---- deadlines, liveness, quarantine (service thread) -------------------------------
+    def _on_tick(self, now: float) -> None:
+        cfg = self.config
+        self.slots.expire(now)
+        with self._lock:
+            if now - self._last_tick > stall_threshold(cfg):  # we were stalled, not the peers
+                self._unanswered_since.clear()
+            self._last_tick = now
+            peers: dict[str, list[DecodeRoom]] = {}
+            for room in list(self._rooms.values()):
+                if room.verifying:
+                    continue
+                if room.state == KVPoll.Bootstrapping and now - room.created_at > cfg.bootstrap_timeout_s:
+                    self._fail(room, f"prefill did not accept within {cfg.bootstrap_timeout_s:g}s", True)
+                elif room.state == KVPoll.WaitingForInput and now - room.accepted_at > cfg.waiting_timeout_s:
+                    self._fail(room, f"no completion within {cfg.waiting_timeout_s:g}s of the handshake", True)
+                elif room.handshake_sent:
+                    peers.setdefault(room.peer, []).append(room)
+            for peer, rooms in peers.items():
+                since = self._unanswered_since.get(peer)
+                if since is not None and now - since > cfg.peer_timeout_s:
+                    self._endpoints = {a: e for a, e in self._endpoints.items() if e != peer}
+                    for room in rooms:
+                        self._fail(room, f"prefill peer {peer} silent for {now - since:.1f}s (dead or frozen)", True)
+                    self._unanswered_since.pop(peer, None)
+                elif now - self._last_ping.get(peer, 0.0) >= cfg.heartbeat_interval_s:
+                    self._last_ping[peer] = now
+                    self._unanswered_since.setdefault(peer, now)
+                    self.channel.try_send(peer, Ping(self.channel.endpoint))
+
+    # ---- introspection ------------------------------------------------------------------
+    def slot_report(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return self.slots.report([r.dest_slots for r in self._rooms.values()])
+
+    def check_no_leaks(self) -> None:
+        with self._lock:
+            self.slots.check_no_leaks([r.dest_slots for r in self._rooms.values()])
+
+    def active_rooms(self) -> int:
+        with self._lock:
+            return len(self._rooms)
+
+    def close(self) -> None:
+        self._loop.stop()
+        self._worker.stop()
+        self._checksums.shutdown()
+        self.channel.close()
+        for pool in self.pools.values():
+            self.engine.unregister(pool.base_ptr)

@@ -1,0 +1,232 @@
+"""Prefill and decode worker agents for loopback runs (tests, benchmark): each owns one
+Mooncake engine, its row pools and its transfer manager, and fills or checks rows with a
+deterministic byte pattern so the driver can verify every byte that moved.
+
+Run them with `loopback_rpc.AgentProcess("sglang_asym.transfer.loopback_agents:PrefillAgent", ...)`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from sglang_asym.transfer.bootstrap import BootstrapServer
+from sglang_asym.transfer.compat import TransferCompat
+from sglang_asym.transfer.config import TransferConfig
+from sglang_asym.transfer.decode_manager import DecodeTransferManager
+from sglang_asym.transfer.engine import MooncakeEngine
+from sglang_asym.transfer.errors import EngineError, UnregisteredMemoryError
+from sglang_asym.transfer.loopback_common import (GroupSpec, churned_allocator, make_pools, manifest_from,
+                                                  pattern_rows, wait_for)
+from sglang_asym.transfer.prefill_manager import PrefillTransferManager
+from sglang_asym.transfer.prefill_room import write_entries
+
+
+class PrefillAgent:
+    def __init__(self, config: TransferConfig, compat: TransferCompat, capacities: dict[str, int],
+                 churn_block: int = 37, seed: int = 1):
+        self.engine = MooncakeEngine(config.host, config.write_timeout_s)
+        self.server = BootstrapServer(config.host, 0)
+        self.pools = make_pools(compat, capacities)
+        self.allocators = {n: churned_allocator(n, c, churn_block, seed) for n, c in capacities.items()}
+        self.manager = PrefillTransferManager(config, compat, self.engine, self.pools, self.server.address)
+        self.senders, self.source = {}, {}
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "bootstrap_port": self.server.port, "session": self.engine.session_id,
+                "control_endpoint": self.manager.channel.endpoint}
+
+    def start_sender(self, room: int, groups: list[GroupSpec], seed: int, scatter: bool = False
+                     ) -> dict[str, list[int]]:
+        """`scatter` permutes the source slots so no two rows are adjacent (one entry per row)."""
+        manifest = manifest_from(groups)
+        slots = {g.name: self.allocators[g.name].allocate(g.num_rows) for g in manifest.groups}
+        if scatter:
+            slots = {n: np.random.default_rng(seed).permutation(s) for n, s in slots.items()}
+        for g in manifest.groups:
+            self.pools[g.name].array[slots[g.name]] = pattern_rows(seed, g.name, g.num_rows, g.row_bytes)
+        try:
+            self.senders[room] = self.manager.create_sender(room, manifest, slots)
+        except Exception:
+            for name, s in slots.items():
+                self.allocators[name].free(s)
+            raise
+        self.source[room] = slots
+        return {n: s.tolist() for n, s in slots.items()}
+
+    def send_rows(self, room: int, group: str, start: int, end: int) -> None:
+        self.senders[room].send_rows(group, start, end)
+
+    def send_pipelined(self, room: int, chunk_rows: int, finish: bool = True) -> list[tuple[str, int, int]]:
+        """Send every group in chunks, round-robin over groups (like prefill chunks would)."""
+        sender, chunks = self.senders[room], []
+        todo = {g.name: (sender.next_row(g.name), g.num_rows) for g in sender.manifest.groups}
+        while any(s < n for s, n in todo.values()):
+            for name, (s, n) in todo.items():
+                if s < n:
+                    e = min(n, s + chunk_rows)
+                    sender.send_rows(name, s, e)
+                    chunks.append((name, s, e))
+                    todo[name] = (e, n)
+        if finish:
+            sender.finish()
+        return chunks
+
+    def finish(self, room: int) -> None:
+        self.senders[room].finish()
+
+    def abort(self, room: int, reason: str = "aborted by prefill") -> None:
+        self.senders[room].abort(reason)
+
+    def wait(self, room: int, states: list[int], timeout_s: float = 10.0) -> tuple[int, str, float]:
+        return wait_for(self.senders[room], states, timeout_s)
+
+    def rows_written(self, room: int) -> dict[str, int]:
+        return {g.name: self.senders[room].rows_written(g.name) for g in self.senders[room].manifest.groups}
+
+    def release(self, room: int) -> None:
+        if not self.senders[room].poll().is_terminal:
+            raise RuntimeError(f"bootstrap_room={room} is not terminal yet")
+        for name, s in self.source.pop(room).items():
+            self.allocators[name].free(s)
+        del self.senders[room]
+
+    def stats(self) -> dict:
+        s = self.engine.stats
+        return {"batches": s.batches, "entries": s.entries, "bytes": s.bytes, "failed_batches": s.failed_batches,
+                "largest_batch": s.largest_batch, "malformed_messages": self.manager.channel.malformed_messages,
+                "active_rooms": self.manager.active_rooms(),
+                "free": {n: a.num_free for n, a in self.allocators.items()}}
+
+    def wait_idle(self, timeout_s: float = 10.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.manager.active_rooms() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.manager.active_rooms()
+
+    def write_from_unregistered(self, session: str, dst_ptr: int) -> str:
+        """Try to write from a buffer never registered with the engine; returns the refusal."""
+        buffer = np.zeros(4096, dtype=np.uint8)
+        try:
+            self.engine.write(session, np.array([buffer.ctypes.data], dtype=np.uint64),
+                              np.array([dst_ptr], dtype=np.uint64), np.array([4096], dtype=np.uint64), 16)
+        except UnregisteredMemoryError as exc:
+            return str(exc)
+        return "written"
+
+    def second_engine(self) -> str:
+        try:
+            MooncakeEngine(self.manager.config.host)
+        except EngineError as exc:
+            return str(exc)
+        return "created"
+
+    def bare_write(self, room: int, repeats: int = 1) -> float:
+        """Seconds for a bare engine write of exactly the entries room `room` moved (it must be bound)."""
+        r = self.senders[room]._room
+        entries = [write_entries(r, self.pools[g.name], g.name, 0, g.num_rows) for g in r.manifest.groups]
+        src, dst, lens = (np.concatenate([e[i] for e in entries]) for i in range(3))
+        start = time.perf_counter()
+        for _ in range(repeats):
+            self.engine.write(r.request.decode_session, src, dst, lens, self.manager.config.max_batch_entries)
+        return (time.perf_counter() - start) / repeats
+
+    def close(self) -> None:
+        self.manager.close()
+        self.server.close()
+        self.engine.close()
+
+
+class DecodeAgent:
+    """`extra` adds more decode managers on the same engine (name -> (compat, capacities)), to talk
+    to P with other settings or to offer the same room twice; methods pick one by `manager`."""
+
+    def __init__(self, config: TransferConfig, compat: TransferCompat, capacities: dict[str, int],
+                 churn_block: int = 23, seed: int = 2,
+                 extra: dict[str, tuple[TransferCompat, dict[str, int]]] | None = None):
+        self.engine = MooncakeEngine(config.host, config.write_timeout_s)
+        self.pools = {"main": make_pools(compat, capacities)}
+        allocators = {n: churned_allocator(n, c, churn_block, seed) for n, c in capacities.items()}
+        self.managers = {"main": DecodeTransferManager(config, compat, self.engine, self.pools["main"], allocators)}
+        for name, (other_compat, other_caps) in (extra or {}).items():
+            self.pools[name] = make_pools(other_compat, other_caps)
+            self.managers[name] = DecodeTransferManager(config, other_compat, self.engine, self.pools[name])
+        self.receivers, self.snapshots = {}, {}
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "session": self.engine.session_id}
+
+    def seconds_to_outcome(self, room: int, timeout_s: float = 30.0) -> tuple[int, float]:
+        """Wait for the room; seconds from create_receiver to its terminal state."""
+        rx = self.receivers[(room, "main")]
+        state, _, _ = wait_for(rx, [0, 4], timeout_s)
+        return state, rx.seconds_to_outcome
+
+    def start_receiver(self, room: int, groups: list[GroupSpec], bootstrap_port: int, manager: str = "main",
+                       host: str = "127.0.0.1", snapshot: bool = False) -> dict[str, list[int]]:
+        if snapshot:
+            self.snapshots[room] = {n: p.array.copy() for n, p in self.pools[manager].items()}
+        rx = self.managers[manager].create_receiver(host, bootstrap_port, room, manifest_from(groups))
+        self.receivers[(room, manager)] = rx
+        return {n: s.tolist() for n, s in rx.dest_slots.items()}
+
+    def wait(self, room: int, states: list[int], timeout_s: float = 10.0, manager: str = "main"
+             ) -> tuple[int, str, float]:
+        return wait_for(self.receivers[(room, manager)], states, timeout_s)
+
+    def verify(self, room: int, seed: int) -> dict:
+        """Compare the room's rows with the pattern, and (with a snapshot) every other row with its old bytes."""
+        rx, pools = self.receivers[(room, "main")], self.pools["main"]
+        bad = [g.name for g in rx.manifest.groups
+               if not np.array_equal(pools[g.name].array[rx.dest_slots[g.name]],
+                                     pattern_rows(seed, g.name, g.num_rows, g.row_bytes))]
+        untouched = None
+        if room in self.snapshots:
+            untouched = True
+            for name, before in self.snapshots.pop(room).items():
+                mask = np.ones(len(before), dtype=bool)
+                mask[rx.dest_slots.get(name, [])] = False
+                untouched &= bool(np.array_equal(pools[name].array[mask], before[mask]))
+        return {"mismatched_groups": bad, "untouched_ok": untouched,
+                "bytes_checked": int(sum(g.nbytes for g in rx.manifest.groups))}
+
+    def corrupt(self, room: int, group: str, row: int) -> None:
+        slot = self.receivers[(room, "main")].dest_slots[group][row]
+        self.pools["main"][group].array[slot] ^= 0xFF
+
+    def abort(self, room: int, reason: str = "aborted by decode", manager: str = "main") -> None:
+        self.receivers[(room, manager)].abort(reason)
+
+    def release(self, room: int, manager: str = "main") -> None:
+        self.receivers.pop((room, manager)).release()
+
+    def slots(self, manager: str = "main") -> dict:
+        self.managers[manager].check_no_leaks()
+        return self.managers[manager].slot_report()
+
+    def wait_slots_free(self, timeout_s: float = 10.0) -> dict:
+        """Wait until every pool of every manager is entirely free; returns the last reports."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reports = {name: self.slots(name) for name in self.managers}
+            done = all(r["free"] == r["capacity"] for rep in reports.values() for r in rep.values())
+            if done or time.monotonic() > deadline:
+                return {"all_free": done, "reports": reports}
+            time.sleep(0.01)
+
+    def active_rooms(self) -> int:
+        return sum(m.active_rooms() for m in self.managers.values())
+
+    def unregister(self, group: str) -> None:
+        self.engine.unregister(self.pools["main"][group].base_ptr)
+
+    def register(self, group: str) -> None:
+        pool = self.pools["main"][group]
+        self.engine.register(pool.base_ptr, pool.nbytes)
+
+    def close(self) -> None:
+        for m in self.managers.values():
+            m.close()
+        self.engine.close()

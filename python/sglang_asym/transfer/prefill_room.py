@@ -1,0 +1,137 @@
+"""Per-request state on the prefill side, and the pure checks and address math it needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sglang_asym.manifest import PayloadManifest
+from sglang_asym.transfer.messages import GroupDestination, TransferRequest
+from sglang_asym.transfer.poll import KVPoll
+from sglang_asym.transfer.row_pool import RowPool
+from sglang_asym.transfer.runs import paired_runs
+
+
+@dataclass
+class PrefillRoom:
+    room: int
+    manifest: PayloadManifest
+    source_slots: dict[str, np.ndarray]
+    created_at: float
+    state: KVPoll = KVPoll.Bootstrapping
+    reason: str = ""
+    request: TransferRequest | None = None           # D's handshake once bound
+    bound_at: float = 0.0
+    dest_slots: dict[str, np.ndarray] = field(default_factory=dict)
+    declared: dict[str, int] = field(default_factory=dict)   # rows handed to send_rows, per group
+    pending_ranges: list[tuple[str, int, int]] = field(default_factory=list)  # declared, not yet written
+    flush_queued: bool = False                       # a write task for pending_ranges is queued
+    finished: bool = False
+    written: dict[str, int] = field(default_factory=dict)    # rows the engine confirmed, per group
+    crcs: dict[str, int] = field(default_factory=dict)
+    pending_tasks: int = 0                           # worker tasks queued or running for this room
+    write_failed: bool = False                       # a -1 happened: a late write may still land on D
+
+    def __post_init__(self) -> None:
+        for g in self.manifest.groups:
+            self.declared[g.name] = 0
+            self.written[g.name] = 0
+            self.crcs[g.name] = 0
+
+    @property
+    def bound(self) -> bool:
+        return self.request is not None
+
+    @property
+    def drained(self) -> bool:
+        return self.state.is_terminal and self.pending_tasks == 0
+
+    def declare_rows(self, group: str, row_start: int, row_end: int) -> bool:
+        """Record rows handed to send_rows; True when there is something new to write."""
+        total = self.manifest.group(group).num_rows
+        if self.finished:
+            raise ValueError(f"bootstrap_room={self.room}: send_rows after finish()")
+        if row_start != self.declared[group] or not row_start <= row_end <= total:
+            raise ValueError(f"bootstrap_room={self.room} group {group!r}: rows must be sent in order; "
+                             f"next row is {self.declared[group]}, got [{row_start}, {row_end}) of {total}")
+        if self.state == KVPoll.Failed or row_start == row_end:
+            return False
+        self.declared[group] = row_end
+        self.pending_ranges.append((group, row_start, row_end))
+        return True
+
+    def mark_finished(self) -> bool:
+        """Record finish(); True the first time on a live room."""
+        missing = [f"{g.name} ({self.declared[g.name]}/{g.num_rows})" for g in self.manifest.groups
+                   if self.declared[g.name] != g.num_rows]
+        if missing:
+            raise ValueError(f"bootstrap_room={self.room}: finish() before all rows were sent: {missing}")
+        if self.finished or self.state == KVPoll.Failed:
+            return False
+        self.finished = True
+        return True
+
+    def destination(self, group: str) -> GroupDestination:
+        assert self.request is not None
+        return next(d for d in self.request.destinations if d.group == group)
+
+
+def check_source_slots(manifest: PayloadManifest, source_slots, pools: dict[str, RowPool]) -> dict[str, np.ndarray]:
+    """Source slots per manifest group, validated against the group's pool."""
+    extra = set(source_slots) - {g.name for g in manifest.groups}
+    if extra:
+        raise ValueError(f"source_slots has groups not in the manifest: {sorted(extra)}")
+    checked = {}
+    for g in manifest.groups:
+        if g.name not in pools:
+            raise ValueError(f"manifest group {g.name!r} has no source pool on this prefill worker")
+        pool = pools[g.name]
+        if pool.row_bytes != g.row_bytes:
+            raise ValueError(f"group {g.name!r}: manifest rows are {g.row_bytes} B, pool rows {pool.row_bytes} B")
+        slots = np.asarray(source_slots.get(g.name, ()), dtype=np.int64)
+        if slots.ndim != 1 or len(slots) != g.num_rows:
+            raise ValueError(f"group {g.name!r}: {g.num_rows} rows but {slots.size} source slots")
+        pool.check_slots(slots, f"source slots of group {g.name!r}")
+        checked[g.name] = slots
+    return checked
+
+
+def check_request(room: PrefillRoom, req: TransferRequest) -> dict[str, np.ndarray]:
+    """Destination slots per group from D's handshake; ValueError names any disagreement."""
+    if req.manifest != room.manifest:
+        raise ValueError(f"payload manifest differs: prefill has {_describe(room.manifest)}, "
+                         f"decode has {_describe(req.manifest)}")
+    names = [g.name for g in room.manifest.groups]
+    if [d.group for d in req.destinations] != names:
+        raise ValueError(f"decode destinations cover groups {[d.group for d in req.destinations]}, "
+                         f"manifest has {names}")
+    dest = {}
+    for g, d in zip(room.manifest.groups, req.destinations):
+        try:
+            slots = d.slots()
+        except ValueError as exc:
+            raise ValueError(f"group {g.name!r}: malformed destination runs: {exc}") from exc
+        if d.row_bytes != g.row_bytes or len(slots) != g.num_rows:
+            raise ValueError(f"group {g.name!r}: decode offers {len(slots)} rows of {d.row_bytes} B, "
+                             f"manifest needs {g.num_rows} rows of {g.row_bytes} B")
+        if len(slots) and int(slots.max()) >= d.capacity_slots:
+            raise ValueError(f"group {g.name!r}: decode slot {int(slots.max())} outside its pool "
+                             f"of {d.capacity_slots} slots")
+        dest[g.name] = slots
+    return dest
+
+
+def write_entries(room: PrefillRoom, pool: RowPool, group: str, start: int, end: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src_ptrs, dst_ptrs, lengths) for rows [start, end) of `group`, coalesced into runs."""
+    dest = room.destination(group)
+    src_runs, dst_runs, counts = paired_runs(room.source_slots[group][start:end], room.dest_slots[group][start:end])
+    rb = pool.row_bytes
+    src_ptrs = (np.uint64(pool.base_ptr) + src_runs.astype(np.uint64) * np.uint64(rb))
+    dst_ptrs = (np.uint64(dest.base_ptr) + dst_runs.astype(np.uint64) * np.uint64(rb))
+    return src_ptrs, dst_ptrs, counts.astype(np.uint64) * np.uint64(rb)
+
+
+def _describe(manifest: PayloadManifest) -> str:
+    return ", ".join(f"{g.name}:{g.num_rows}x{g.row_bytes}B" for g in manifest.groups) or "no rows"

@@ -1,0 +1,62 @@
+"""Slot runs: coalescing slot lists into contiguous (start, length) runs, their compact wire
+form, and pairing source with destination runs. Runs are int64 arrays of shape (k, 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_WIRE = np.dtype("<i8")
+
+
+def as_slots(slots, name: str = "slots") -> np.ndarray:
+    arr = np.asarray(slots, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    return arr
+
+
+def coalesce_slots(slots) -> np.ndarray:
+    """Runs covering `slots` in order; a run continues while slots step by +1."""
+    slots = as_slots(slots)
+    if len(slots) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], np.diff(slots) != 1)))
+    lengths = np.diff(np.append(starts, len(slots)))
+    return np.stack([slots[starts], lengths], axis=1)
+
+
+def expand_runs(runs) -> np.ndarray:
+    """Inverse of `coalesce_slots`."""
+    runs = np.asarray(runs, dtype=np.int64).reshape(-1, 2)
+    starts, lengths = runs[:, 0], runs[:, 1]
+    if len(runs) and (int(starts.min()) < 0 or int(lengths.min()) <= 0):
+        bad = int(np.flatnonzero((starts < 0) | (lengths <= 0))[0])
+        raise ValueError(f"invalid slot run (start={int(starts[bad])}, length={int(lengths[bad])})")
+    offsets = np.cumsum(lengths) - lengths  # first row index of every run
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def pack_runs(runs) -> bytes:
+    return np.asarray(runs, dtype=_WIRE).reshape(-1, 2).tobytes()
+
+
+def unpack_runs(data: bytes) -> np.ndarray:
+    if len(data) % (2 * _WIRE.itemsize):
+        raise ValueError(f"packed slot runs must be a multiple of 16 bytes, got {len(data)}")
+    return np.frombuffer(data, dtype=_WIRE).reshape(-1, 2).astype(np.int64)
+
+
+def paired_runs(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split row i -> (src[i], dst[i]) into maximal runs contiguous on BOTH sides.
+
+    Returns (src_starts, dst_starts, row_counts), one entry per run.
+    """
+    src, dst = as_slots(src, "source slots"), as_slots(dst, "destination slots")
+    if len(src) != len(dst):
+        raise ValueError(f"{len(src)} source slots but {len(dst)} destination slots")
+    if len(src) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    starts = np.flatnonzero(np.concatenate(([True], (np.diff(src) != 1) | (np.diff(dst) != 1))))
+    counts = np.diff(np.append(starts, len(src)))
+    return src[starts], dst[starts], counts

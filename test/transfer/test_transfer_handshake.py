@@ -1,0 +1,105 @@
+"""P's checks of D's handshake, the write address math, and D's completion check (no engine needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from transfer_cases import COMPAT
+
+from sglang_asym.manifest import PayloadManifest, RowGroup
+from sglang_asym.transfer import RowPool
+from sglang_asym.transfer.checksum import GroupChecksum, crc_rows
+from sglang_asym.transfer.decode_room import DecodeRoom, verify_completion
+from sglang_asym.transfer.messages import GroupDestination, TransferComplete, TransferRequest
+from sglang_asym.transfer.prefill_room import PrefillRoom, check_request, check_source_slots, write_entries
+from sglang_asym.transfer.runs import pack_runs
+
+MANIFEST = PayloadManifest((RowGroup("L20.kv", 288, 5), RowGroup("tails", 4096, 0)))
+POOLS = {"L20.kv": RowPool.zeros("L20.kv", 32, 288), "tails": RowPool.zeros("tails", 4, 4096)}
+
+
+def request(**dest_overrides) -> TransferRequest:
+    kv = GroupDestination.for_slots("L20.kv", 1 << 40, 16, 288, np.array([10, 11, 3, 4, 5]))
+    kv = dataclasses.replace(kv, **dest_overrides)
+    return TransferRequest(9, "tcp://d", "127.0.0.1:1", COMPAT, MANIFEST,
+                           (kv, GroupDestination.for_slots("tails", 1 << 41, 4, 4096, np.zeros(0, dtype=np.int64))))
+
+
+def room() -> PrefillRoom:
+    slots = check_source_slots(MANIFEST, {"L20.kv": [4, 5, 6, 20, 21]}, POOLS)
+    return PrefillRoom(9, MANIFEST, slots, created_at=0.0)
+
+
+def test_source_slot_checks() -> None:
+    with pytest.raises(ValueError, match="group 'L20.kv': 5 rows but 4 source slots"):
+        check_source_slots(MANIFEST, {"L20.kv": [0, 1, 2, 3]}, POOLS)
+    with pytest.raises(ValueError, match="slot out of range for pool 'L20.kv'"):
+        check_source_slots(MANIFEST, {"L20.kv": [0, 1, 2, 3, 32]}, POOLS)
+    with pytest.raises(ValueError, match=r"source_slots has groups not in the manifest: \['L2.kv'\]"):
+        check_source_slots(MANIFEST, {"L20.kv": [0, 1, 2, 3, 4], "L2.kv": []}, POOLS)
+    with pytest.raises(ValueError, match="manifest group 'L20.kv' has no source pool"):
+        check_source_slots(MANIFEST, {"L20.kv": [0, 1, 2, 3, 4]}, {"tails": POOLS["tails"]})
+
+
+def test_handshake_gives_destination_slots_in_row_order() -> None:
+    dest = check_request(room(), request())
+    assert dest["L20.kv"].tolist() == [10, 11, 3, 4, 5] and dest["tails"].tolist() == []
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"runs": pack_runs([(10, 2), (3, 2)])}, "group 'L20.kv': decode offers 4 rows of 288 B, "
+                                             "manifest needs 5 rows of 288 B"),
+    ({"row_bytes": 292}, "decode offers 5 rows of 292 B"),
+    ({"runs": pack_runs([(10, 2), (14, 3)])}, "group 'L20.kv': decode slot 16 outside its pool of 16 slots"),
+    ({"runs": pack_runs([(10, 2), (14, -3)])}, r"group 'L20.kv': malformed destination runs: invalid slot run "
+                                               r"\(start=14, length=-3\)"),
+    ({"runs": b"123"}, "malformed destination runs: packed slot runs must be a multiple of 16 bytes, got 3"),
+])
+def test_bad_destinations_are_refused(overrides, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_request(room(), request(**overrides))
+
+
+def test_manifest_and_group_order_must_match() -> None:
+    other = dataclasses.replace(request(), manifest=PayloadManifest((RowGroup("L20.kv", 288, 6),)))
+    with pytest.raises(ValueError, match="payload manifest differs: prefill has L20.kv:5x288B, tails:0x4096B, "
+                                         "decode has L20.kv:6x288B"):
+        check_request(room(), other)
+    swapped = dataclasses.replace(request(), destinations=request().destinations[::-1])
+    with pytest.raises(ValueError, match=r"decode destinations cover groups \['tails', 'L20.kv'\]"):
+        check_request(room(), swapped)
+
+
+def test_write_entries_coalesce_both_sides() -> None:
+    r = room()
+    r.request, r.dest_slots = request(), check_request(r, request())
+    src, dst, lengths = write_entries(r, POOLS["L20.kv"], "L20.kv", 0, 5)
+    base = POOLS["L20.kv"].base_ptr
+    # rows: src 4,5,6,20,21 -> dst 10,11,3,4,5: runs (4->10 x2), (6->3 x1), (20->4 x2)
+    assert src.tolist() == [base + 4 * 288, base + 6 * 288, base + 20 * 288]
+    assert dst.tolist() == [(1 << 40) + 10 * 288, (1 << 40) + 3 * 288, (1 << 40) + 4 * 288]
+    assert lengths.tolist() == [576, 288, 576]
+    src, dst, lengths = write_entries(r, POOLS["L20.kv"], "L20.kv", 2, 4)
+    assert (src.tolist(), lengths.tolist()) == ([base + 6 * 288, base + 20 * 288], [288, 288])
+    assert np.asarray(dst).dtype == np.uint64
+
+
+def test_decode_never_accepts_partial_or_wrong_rows() -> None:
+    pools = {"L20.kv": RowPool.zeros("L20.kv", 16, 288), "tails": RowPool.zeros("tails", 4, 4096)}
+    pools["L20.kv"].array[:] = np.arange(16 * 288, dtype=np.uint64).reshape(16, 288) % 251
+    room = DecodeRoom(9, "127.0.0.1:1", MANIFEST, {"L20.kv": np.array([10, 11, 3, 4, 5]),
+                                                   "tails": np.zeros(0, dtype=np.int64)}, created_at=0.0)
+    good = crc_rows(pools["L20.kv"], room.dest_slots["L20.kv"])
+    with ThreadPoolExecutor(2) as ex:
+        def verdict(rows: int, crc: int, order=("L20.kv", "tails")) -> str | None:
+            sums = {"L20.kv": GroupChecksum("L20.kv", rows, crc), "tails": GroupChecksum("tails", 0, 0)}
+            return verify_completion(room, TransferComplete(9, tuple(sums[g] for g in order)), pools, ex)
+
+        assert verdict(5, good) is None
+        assert verdict(4, good) == "partial transfer: group 'L20.kv' has 4 of 5 rows"
+        assert verdict(5, good ^ 1).startswith("checksum mismatch in group 'L20.kv': destination rows crc32=")
+        assert verdict(5, good, ("tails", "L20.kv")) == (
+            "completion covers groups ['tails', 'L20.kv'], manifest has ['L20.kv', 'tails']")
