@@ -17,6 +17,7 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q -r requirements.txt 2>&1 | grep -v "is ignored" || true
 .venv/bin/pip install -q --no-deps -e . 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c 'import torch, sglang_asym; print("[setup] .venv ready: torch", torch.__version__)'
+if [ "${SKIP_SGLANG:-0}" != 1 ]; then bash scripts/setup_sglang.sh .venv; fi
 
 if [ "${SKIP_ORACLE:-0}" != 1 ]; then
   if [ ! -x .venv-oracle/bin/python ]; then python3 -m venv .venv-oracle; fi

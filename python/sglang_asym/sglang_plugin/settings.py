@@ -1,0 +1,62 @@
+"""The asymmetric role a SGLang server runs, kept beside SGLang's own prefill/decode mode.
+
+SGLang's `DisaggregationMode` is closed (null / prefill / decode) and its scheduler compares it in
+many places, so `--disaggregation-mode asym-prefill|asym-decode` is translated to `prefill|decode`
+while parsing and the asymmetric role travels as `AsymSettings` on the ServerArgs record. SGLang
+pickles ServerArgs with its bookkeeping attributes (`ServerArgs.__reduce__`) into every scheduler,
+detokenizer and DP-controller process, so the settings reach them with no environment variable.
+This module imports nothing from SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ASYM_PREFILL = "asym-prefill"
+ASYM_DECODE = "asym-decode"
+ASYM_MODES = (ASYM_PREFILL, ASYM_DECODE)
+# --disaggregation-mode value -> the SGLang mode the scheduler runs.
+SGLANG_MODE_OF = {ASYM_PREFILL: "prefill", ASYM_DECODE: "decode"}
+
+DEFAULT_WINDOW = 128
+SEMANTICS_CHOICES = ("asym-exact-encoder", "asym")
+DEFAULT_SEMANTICS = "asym-exact-encoder"
+
+# Bookkeeping attribute on ServerArgs (underscore names that are not fields stay writable).
+SERVER_ARGS_ATTR = "_sglang_asym"
+
+
+@dataclass(frozen=True)
+class AsymSettings:
+    """What an asymmetric server is: `mode` as the operator typed it, the window W and semantics."""
+
+    mode: str
+    window: int = DEFAULT_WINDOW
+    semantics: str = DEFAULT_SEMANTICS
+
+    def __post_init__(self) -> None:
+        if self.mode not in ASYM_MODES:
+            raise ValueError(f"AsymSettings.mode must be one of {ASYM_MODES}, got {self.mode!r}")
+        if type(self.window) is not int or self.window < 1:
+            raise ValueError(f"AsymSettings.window must be a positive integer, got {self.window!r}")
+        if self.semantics not in SEMANTICS_CHOICES:
+            raise ValueError(f"AsymSettings.semantics must be one of {SEMANTICS_CHOICES}, got {self.semantics!r}")
+
+    @property
+    def sglang_mode(self) -> str:
+        """The SGLang disaggregation mode this role runs as ('prefill' or 'decode')."""
+        return SGLANG_MODE_OF[self.mode]
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.mode == ASYM_PREFILL
+
+
+def attach(server_args: Any, settings: AsymSettings) -> None:
+    setattr(server_args, SERVER_ARGS_ATTR, settings)
+
+
+def settings_of(server_args: Any) -> AsymSettings | None:
+    """The asymmetric settings of a ServerArgs record, None for a symmetric server."""
+    return getattr(server_args, SERVER_ARGS_ATTR, None)

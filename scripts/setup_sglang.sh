@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs SGLang 0.5.23 into a venv on a machine without a GPU. Idempotent.
+#   sglang itself goes in with --no-deps: its requirements pin torch 2.14.1 and a multi-GB CUDA
+#   stack that nothing here runs. requirements-sglang.txt holds the light packages its imports
+#   need; constraints-sglang.txt keeps torch at the 2.13.0 CPU build and pins the rest.
+# Usage: scripts/setup_sglang.sh [VENV]   (default .venv; torch 2.13.0 must already be there)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+VENV=${1:-.venv}
+SGLANG_PIN=sglang==0.5.23
+PY="$VENV/bin/python"
+PIP=("$VENV/bin/pip" install -q -c constraints-sglang.txt)
+
+if [ ! -x "$PY" ]; then echo "[setup_sglang] no venv at $VENV (run scripts/setup.sh first)" >&2; exit 1; fi
+torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+if [ "$torch_version" != "2.13.0+cpu" ]; then
+  echo "[setup_sglang] $VENV has torch $torch_version; expected 2.13.0+cpu" >&2; exit 1
+fi
+
+want=${SGLANG_PIN#sglang==}
+have=$("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null || true)
+if [ "$have" != "$want" ]; then
+  "$VENV/bin/pip" install -q --no-deps "$SGLANG_PIN" 2>&1 | grep -v "is ignored" || true
+fi
+# pip prints a resolver complaint about sglang's unmet CUDA requirements: expected, filtered.
+"${PIP[@]}" -r requirements-sglang.txt 2>&1 \
+  | grep -v -e "is ignored" -e "^sglang 0.5.23 requires" -e "dependency resolver does not currently" || true
+
+# torch must still be the CPU build: a resolver that pulled torch 2.14.1 would break everything.
+"$PY" -W ignore - <<'PY'
+import torch
+assert torch.__version__ == "2.13.0+cpu", f"torch changed to {torch.__version__}"
+from sglang_asym.sglang_plugin import cpu_import_gaps
+cpu_import_gaps.install()
+import sglang, sglang.srt.server_args, sglang.srt.plugins.hook_registry
+import sglang.srt.models.deepseek_v4, sglang.srt.mem_cache.deepseek_v4_memory_pool
+import sglang.srt.disaggregation.mooncake.conn
+print("[setup_sglang] sglang", sglang.__version__, "ready beside torch", torch.__version__)
+PY

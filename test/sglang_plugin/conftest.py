@@ -1,0 +1,52 @@
+"""Fixtures for the SGLang plugin tests: checkpoint directories and SGLang's real server parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_asym.config import V41Config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def v41_checkpoint(tmp_path_factory) -> Path:
+    """A directory whose config.json is a DeepSeek-V4.1 text config (the tiny preset)."""
+    path = tmp_path_factory.mktemp("v41_ckpt")
+    V41Config.tiny().write_json(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("llama_ckpt")
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    return path
+
+
+@pytest.fixture
+def server_parser() -> argparse.ArgumentParser:
+    """SGLang 0.5.23's own server parser, extended the way the plugin's AFTER hook extends it."""
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_asym.sglang_plugin.cli import extend_parser
+
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    extend_parser(parser)
+    return parser
+
+
+def run_python(args: list[str], timeout: float = 240, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs the project's Python in a fresh process with only this plugin allowed."""
+    env = dict(os.environ, SGLANG_PLUGINS="sglang_asym", PYTHONWARNINGS="ignore")
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)

@@ -1,0 +1,120 @@
+"""Canaries: the SGLang 0.5.23 symbols the plugin hooks or relies on, exactly as the plugin expects
+them. A new SGLang that renames, re-signs or changes one of them fails here first, loudly.
+(The V4 model / KV pool symbols are checked in test_sglang_inspect.py, from a separate process.)"""
+
+import inspect
+import pickle
+import pkgutil
+import typing
+from importlib.metadata import entry_points
+
+import msgspec
+
+import sglang
+import sglang.launch_server
+from sglang.srt import plugins
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+from sglang_asym.sglang_plugin import ENTRY_POINT_NAME, hooks
+from sglang_asym.sglang_plugin.cli import find_action
+from sglang_asym.sglang_plugin.settings import SERVER_ARGS_ATTR, AsymSettings, attach, settings_of
+
+
+def params(fn):
+    return list(inspect.signature(fn).parameters)
+
+
+def test_pinned_version():
+    assert sglang.__version__ == "0.5.23"
+
+
+def test_entry_point_is_registered():
+    ours = [ep for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP) if ep.name == ENTRY_POINT_NAME]
+    assert [(ep.value, ep.dist.name) for ep in ours] == [("sglang_asym.sglang_plugin:register", "sglang-asym")]
+    assert plugins.GENERAL_PLUGINS_GROUP == "sglang.srt.plugins"
+
+
+def test_plugin_loader_and_allow_list():
+    assert params(plugins.load_plugins) == []
+    assert params(plugins.load_plugins_by_group) == ["group", "excluded_dists"]
+    assert plugins.envs.SGLANG_PLUGINS.name == "SGLANG_PLUGINS"
+
+
+def test_hook_registry_api():
+    assert params(HookRegistry.register) == ["target", "hook", "hook_type", "source"]
+    assert [t.name for t in HookType] == ["BEFORE", "AFTER", "AROUND", "REPLACE"]
+    assert params(HookRegistry.apply_hooks) == []
+
+
+def test_every_hook_target_resolves():
+    for target, hook, hook_type in hooks.hook_table():
+        owner, attr = target.rsplit(".", 1)
+        assert hasattr(pkgutil.resolve_name(owner), attr), target
+        assert hook_type in HookType.__members__
+
+
+def test_add_cli_args_is_a_static_method_of_the_parser():
+    raw = ServerArgs.__dict__["add_cli_args"]
+    assert isinstance(raw, staticmethod)
+    assert params(raw.__func__) == ["parser"]
+
+
+def test_from_cli_args_is_a_classmethod_of_the_namespace():
+    raw = ServerArgs.__dict__["from_cli_args"]
+    assert isinstance(raw, classmethod)
+    assert params(raw.__func__) == ["cls", "args"]
+
+
+def test_prepare_server_args_takes_argv_and_calls_from_cli_args():
+    assert params(prepare_server_args) == ["argv"]
+    source = inspect.getsource(prepare_server_args)
+    assert "ServerArgs.add_cli_args(parser)" in source
+    assert "ServerArgs.from_cli_args(raw_args)" in source
+
+
+def test_launch_server_loads_plugins_before_parsing():
+    source = inspect.getsource(sglang.launch_server)
+    assert "from sglang.srt.server_args import prepare_server_args" in source
+    main = source[source.index('if __name__ == "__main__":'):]
+    assert main.index("load_plugins()") < main.index("prepare_server_args(sys.argv[1:])")
+
+
+def test_disaggregation_mode_is_still_the_closed_literal(server_parser):
+    from sglang.srt.arg_groups.fields.disagg import Disagg
+
+    mode = [f for f in msgspec.structs.fields(Disagg) if f.name == "disaggregation_mode"][0]
+    assert mode.default == "null"
+    assert typing.get_args(typing.get_args(mode.type)[0]) == ("null", "prefill", "decode")
+    assert list(find_action(server_parser, "disaggregation_mode").choices) == [
+        "null", "prefill", "decode", "asym-prefill", "asym-decode"]
+
+
+def test_parser_dests_the_validation_reads(server_parser):
+    expected = {
+        "model_path": None,
+        "device": None,
+        "disaggregation_mode": "null",
+        "disaggregation_transfer_backend": "mooncake",
+        "enable_pd_role_switch": False,
+        "disaggregation_decode_enable_radix_cache": False,
+        "enable_decoder_swa_bounded_replay": None,
+    }
+    assert {dest: find_action(server_parser, dest).default for dest in expected} == expected
+    backends = find_action(server_parser, "disaggregation_transfer_backend").choices
+    assert {"mooncake", "mooncake_tcp"} <= set(backends)
+
+
+def test_from_cli_args_takes_the_translated_mode(server_parser, v41_checkpoint):
+    args = server_parser.parse_args(["--model-path", str(v41_checkpoint)])
+    args.disaggregation_mode = "prefill"
+    assert ServerArgs.from_cli_args(args).disaggregation_mode == "prefill"
+
+
+def test_server_args_carry_the_settings_through_pickling():
+    assert SERVER_ARGS_ATTR not in {f.name for f in msgspec.structs.fields(ServerArgs)}
+    record = ServerArgs(model_path="dummy")
+    attach(record, AsymSettings("asym-decode", window=64))
+    copy = pickle.loads(pickle.dumps(record))
+    assert settings_of(copy) == AsymSettings("asym-decode", window=64)
+    assert copy.model_path == "dummy"

@@ -1,0 +1,76 @@
+"""The plugin as SGLang loads it: through its entry point, in fresh processes."""
+
+import json
+
+import pytest
+
+from .conftest import REPO, run_python
+
+ASYM_TARGETS = [
+    "sglang.srt.server_args.ServerArgs.add_cli_args",
+    "sglang.srt.server_args.ServerArgs.from_cli_args",
+    "sglang.srt.server_args.prepare_server_args",
+]
+
+
+@pytest.fixture(scope="module")
+def driver_report(v41_checkpoint, llama_checkpoint):
+    done = run_python([str(REPO / "test/sglang_plugin/plugin_driver.py"), str(v41_checkpoint), str(llama_checkpoint)])
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("REPORT "))
+
+
+def test_entry_point_registers_and_applies_every_hook(driver_report):
+    assert driver_report["hooks"] == {
+        ASYM_TARGETS[0]: [["AFTER", "sglang_asym", "sglang-asym"]],
+        ASYM_TARGETS[1]: [["AROUND", "sglang_asym", "sglang-asym"]],
+        ASYM_TARGETS[2]: [["AROUND", "sglang_asym", "sglang-asym"]],
+    }
+    assert driver_report["patched"] == sorted(ASYM_TARGETS)
+
+
+def test_translation_through_prepare_server_args(driver_report, v41_checkpoint, llama_checkpoint):
+    v41, llama = str(v41_checkpoint), str(llama_checkpoint)
+    cases = driver_report["cases"]
+    assert cases[0] == {"argv": cases[0]["argv"], "mode": "prefill", "device": "cuda",
+                        "settings": ["asym-prefill", 128, "asym-exact-encoder"]}
+    assert cases[1] == {"argv": cases[1]["argv"], "mode": "decode", "device": "cuda",
+                        "settings": ["asym-decode", 64, "asym"]}
+    assert cases[2] == {"argv": cases[2]["argv"], "mode": "decode", "device": "cuda", "settings": None}
+    assert cases[3] == {"argv": cases[3]["argv"], "exit": 2, "stderr": (
+        "sglang-asym: error: --disaggregation-mode asym-prefill transfers its prefix state over Mooncake; "
+        "--disaggregation-transfer-backend nixl is not supported\n")}
+    # CPU: V4.1 servers (asymmetric or not) go to the embedded runtime with the unchanged command line.
+    assert cases[4] == {"argv": cases[4]["argv"], "exit": 7, "stderr": ""}
+    assert cases[5] == {"argv": cases[5]["argv"], "exit": 7, "stderr": ""}
+    assert cases[6] == {"argv": cases[6]["argv"], "mode": "null", "device": "cpu", "settings": None}
+    assert driver_report["handed_over"] == [
+        ["--model-path", v41, "--disaggregation-mode", "asym-decode", "--device", "cpu", "--port", "31000"],
+        ["--model-path", v41, "--device", "cpu"],
+    ]
+    assert llama not in json.dumps(driver_report["handed_over"])
+
+
+def test_launch_server_help_lists_the_asymmetric_modes():
+    done = run_python(["-m", "sglang.launch_server", "--help"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "[--disaggregation-mode {null,prefill,decode,asym-prefill,asym-decode}]" in out
+    assert "[--asym-window W]" in out
+    assert "[--asym-semantics {asym-exact-encoder,asym}]" in out
+    flat = " ".join(out.split())
+    assert "Prompt tokens the decode worker computes itself, B = N - W (default 128)." in flat
+    assert "window at B (default asym-exact-encoder)." in flat
+
+
+def test_launch_server_reports_argument_errors_like_argparse(tmp_path):
+    # python -m sglang.launch_server runs as __main__ with its own prepare_server_args binding:
+    # this shows the hook reached it.
+    missing = tmp_path / "no_model"
+    done = run_python(["-m", "sglang.launch_server", "--model-path", str(missing),
+                       "--disaggregation-mode", "asym-prefill"])
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        "sglang-asym: error: --disaggregation-mode asym-prefill serves DeepSeek-V4.1 checkpoints only: "
+        f"no config.json at {missing}")

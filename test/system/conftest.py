@@ -1,0 +1,39 @@
+"""A small checkpoint and the P / D / colocated servers, started once per test session."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .servers import start_server, wait_healthy
+
+ROOT = Path(__file__).resolve().parents[2]
+D_TRANSFER_TIMEOUT_S = 8
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt") / "v41-small"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_checkpoint.py"), "--config", "small", "--seed", "0",
+                    "--out", str(out), "--quiet"], check=True, timeout=600)
+    return out
+
+
+@pytest.fixture(scope="session")
+def cluster(small_checkpoint, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("logs")
+    servers = {
+        "prefill": start_server("asym-prefill", small_checkpoint, logs),
+        "decode": start_server("asym-decode", small_checkpoint, logs, "--transfer-timeout", str(D_TRANSFER_TIMEOUT_S)),
+        "colocated": start_server("null", small_checkpoint, logs),
+    }
+    try:
+        for server in servers.values():
+            wait_healthy(server, timeout_s=300)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

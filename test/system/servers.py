@@ -1,0 +1,100 @@
+"""Start and stop real `python -m sglang_asym.launch_server` processes for system tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_asym.runtime.router_launch import pick_free_port
+
+
+@dataclass
+class ServerProcess:
+    mode: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+    bootstrap_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout_s)
+
+
+def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang_asym.launch_server",
+                 python: str = sys.executable) -> ServerProcess:
+    port = pick_free_port()
+    bootstrap = pick_free_port() if mode in ("asym-prefill", "prefill") else None
+    args = [python, "-m", module, "--model-path", str(model_path), "--port", str(port),
+            "--disaggregation-mode", mode, "--log-level", "warning", *extra]
+    if bootstrap is not None:
+        args += ["--disaggregation-bootstrap-port", str(bootstrap)]
+    log = log_dir / f"{mode}-{port}.log"
+    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return ServerProcess(mode, port, proc, log, bootstrap)
+
+
+def wait_healthy(server: ServerProcess, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.mode} server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{server.mode} server not healthy after {timeout_s} s:\n{server.log_tail()}")
+
+
+def post(url: str, body: dict | bytes, timeout_s: float = 300.0) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except json.JSONDecodeError:
+            return exc.code, {"raw": raw.decode(errors="replace")}
+
+
+def post_stream(url: str, body: dict, timeout_s: float = 300.0) -> list[dict]:
+    """SSE: the parsed `data:` events before `[DONE]`."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:"):].strip()
+            if payload == "[DONE]":
+                break
+            events.append(json.loads(payload))
+    return events
