@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-token-budget", type=int, default=256, help="rows per decode-worker step")
     p.add_argument("--schedule-mode", choices=["mixed", "separate"], default="mixed")
     p.add_argument("--admission-policy", choices=["budget", "admit_all"], default="budget")
-    p.add_argument("--transfer-timeout", type=float, default=30.0)
+    p.add_argument("--transfer-timeout", type=float, default=30.0,
+                   help="seconds a decode request waits for its prefill worker to start the transfer")
     p.add_argument("--log-level", default="info")
     return p
 

@@ -46,7 +46,7 @@ def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module
     port = pick_free_port()
     bootstrap = pick_free_port() if mode in ("asym-prefill", "prefill") else None
     args = [python, "-m", module, "--model-path", str(model_path), "--port", str(port),
-            "--disaggregation-mode", mode, "--log-level", "warning", *extra]
+            "--disaggregation-mode", mode, "--log-level", "warning", "--served-model-name", "v41-small", *extra]
     if bootstrap is not None:
         args += ["--disaggregation-bootstrap-port", str(bootstrap)]
     log = log_dir / f"{mode}-{port}.log"

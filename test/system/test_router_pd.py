@@ -18,6 +18,7 @@ from .servers import post, post_stream
 
 pytestmark = pytest.mark.timeout(900)
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
+MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -30,12 +31,12 @@ REQUESTS = [
     ("/generate", {"input_ids": _ids(128, 2), "sampling_params": GREEDY}),  # exactly W: P runs nothing
     ("/generate", {"input_ids": _ids(129, 3), "sampling_params": GREEDY}),  # B = 1, odd
     ("/generate", {"input_ids": _ids(600, 4), "sampling_params": GREEDY, "stream": True}),
-    ("/generate", {"text": LONG_TEXT, "sampling_params": {"max_new_tokens": 6, "temperature": 0.5, "seed": 11}}),
-    ("/v1/completions", {"model": "m", "prompt": LONG_TEXT, "max_tokens": 5, "temperature": 0}),
-    ("/v1/completions", {"model": "m", "prompt": "short prompt", "max_tokens": 5, "temperature": 0, "stream": True}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": 5,
+    ("/generate", {"text": LONG_TEXT, "sampling_params": {"max_new_tokens": 6, "temperature": 0.5, "sampling_seed": 11}}),
+    ("/v1/completions", {"model": MODEL, "prompt": LONG_TEXT, "max_tokens": 5, "temperature": 0}),
+    ("/v1/completions", {"model": MODEL, "prompt": "short prompt", "max_tokens": 5, "temperature": 0, "stream": True}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": 5,
                               "temperature": 0}),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5,
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5,
                               "temperature": 0, "stream": True}),
 ]
 
@@ -77,7 +78,10 @@ def router(cluster, request):
 def test_concurrent_requests_through_router_equal_colocated(router, colocated_outputs):
     with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
         futures = [pool.submit(_output, path, body, router.url) for path, body in REQUESTS]
-        got = [f.result(timeout=600) for f in futures]
+        try:
+            got = [f.result(timeout=600) for f in futures]
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nrouter log:\n{router.log_tail(60)}") from None
     for (path, body), want, have in zip(REQUESTS, colocated_outputs, got):
         assert have == want, (path, body.get("stream"))
     assert all(len(g[0]) > 0 if isinstance(g, tuple) else len(g) > 0 for g in got)

@@ -84,6 +84,7 @@ class AsymPrefillEngine(EngineBase):
         self.allocators = {name: SlotAllocator(name, pool.num_slots) for name, pool in self.pools.items()}
         self.compat = transfer_compat(model.cfg, options.window, options.semantics.value, self.row_format, model.dtype)
         self.transfer_config = TransferConfig(host=host, bootstrap_timeout_s=options.transfer_timeout_s)
+        self._overall_timeout_s = self.transfer_config.bootstrap_timeout_s + self.transfer_config.waiting_timeout_s + 5
         self.mooncake = MooncakeEngine(host, self.transfer_config.write_timeout_s)
         self.bootstrap = BootstrapServer(host, options.bootstrap_port or 0)
         self.manager = PrefillTransferManager(self.transfer_config, self.compat, self.mooncake, self.pools,
@@ -119,7 +120,7 @@ class AsymPrefillEngine(EngineBase):
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._compute, self._compute_and_send, self.prompt_tensor(req), split,
                                        sender, slots)
-            state = await _wait_terminal(sender, self.options.transfer_timeout_s)
+            state = await _wait_terminal(sender, self._overall_timeout_s)
             if state == KVPoll.Success:
                 self.metrics.observe_transfer(manifest.total_bytes, time.perf_counter() - t0)
                 yield TokenEvent(req.rid, (), True, FinishReason.of_length(0),
@@ -200,6 +201,7 @@ class AsymDecodeEngine(EngineBase):
         self.pools = _pools(model, options, self.row_format)
         self.compat = transfer_compat(model.cfg, options.window, options.semantics.value, self.row_format, model.dtype)
         self.transfer_config = TransferConfig(host=host, bootstrap_timeout_s=options.transfer_timeout_s)
+        self._overall_timeout_s = self.transfer_config.bootstrap_timeout_s + self.transfer_config.waiting_timeout_s + 5
         self.mooncake = MooncakeEngine(host, self.transfer_config.write_timeout_s)
         self.manager = DecodeTransferManager(self.transfer_config, self.compat, self.mooncake, self.pools)
         sizing = CacheSizing(options.max_running + 1, options.max_total_tokens, options.page_rows)
@@ -251,10 +253,12 @@ class AsymDecodeEngine(EngineBase):
         t0 = time.perf_counter()
         try:
             self.metrics.set_queue_size(QueueName.DECODE_TRANSFER, len(self._receivers))
-            state = await _wait_terminal(receiver, self.options.transfer_timeout_s)
+            # The transfer layer bounds each phase itself: the handshake (a room P never serves) by
+            # transfer_timeout_s, the transfer by its waiting timeout, a dead or frozen P by heartbeats.
+            state = await _wait_terminal(receiver, self._overall_timeout_s)
             if state != KVPoll.Success:
                 if not state.is_terminal:
-                    receiver.abort(f"prefix did not arrive within {self.options.transfer_timeout_s} s")
+                    receiver.abort(f"prefix did not arrive within {self._overall_timeout_s} s")
                 self.metrics.count_transfer_failure()
                 return None, f"prefix transfer failed: {receiver.failure_reason or 'timed out'}"
             rows = {g.name: decode_rows(g.name, self.pools[g.name].array[receiver.dest_slots[g.name]],
