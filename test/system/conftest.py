@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .servers import start_server, wait_healthy
+from sglang_asym.runtime.server_process import start_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 D_TRANSFER_TIMEOUT_S = 8

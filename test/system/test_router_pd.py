@@ -14,7 +14,7 @@ import pytest
 from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 
 from .conftest import D_TRANSFER_TIMEOUT_S
-from .servers import post, post_stream
+from sglang_asym.runtime.server_process import post, post_stream
 
 pytestmark = pytest.mark.timeout(900)
 GREEDY = {"max_new_tokens": 6, "temperature": 0}

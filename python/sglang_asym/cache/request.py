@@ -36,6 +36,8 @@ def tail_group(owner: int) -> str:
 
 # Compressor inputs kept per ratio-2 owner for rollback: more than the widest verify step (1 + 7).
 JOURNAL_TOKENS = 16
+# Window rows kept past the window so a rejected speculative suffix can be undone (see model.attention).
+ROLLBACK_MARGIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class CacheSizing:
     max_requests: int = 4
     max_tokens: int = 8192  # per request, prompt + generated
     page_rows: int = 64
+    # Longest single forward: window rows live only for the last window plus one forward's rows.
+    # None means a whole request may run in one forward (the reference model's one-shot prefill).
+    max_chunk_tokens: int | None = None
 
 
 class CacheSet:
@@ -58,7 +63,8 @@ class CacheSet:
             return sizing.max_requests * (-(-rows_per_request // pr) + 1)
 
         self.pools: dict[str, PagedPool] = {}
-        swa_rows = sizing.max_tokens + cfg.sliding_window + pr
+        chunk = sizing.max_tokens if sizing.max_chunk_tokens is None else min(sizing.max_chunk_tokens, sizing.max_tokens)
+        swa_rows = chunk + cfg.sliding_window + ROLLBACK_MARGIN_ROWS + pr
         swa_layers = self.plan.encoder_layers if role == "prefill" else range(cfg.num_hidden_layers)
         for i in swa_layers:
             self._add(PoolSpec(swa_group(i), (cfg.head_dim,), dtype, pr, pages(swa_rows)), device)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..cache import RequestCache, index_group, kv_group, swa_group
+from ..cache.request import ROLLBACK_MARGIN_ROWS
 from ..config import V41Config
 from ..layer_plan import LayerInfo, Role
 from .compressor import Compressor, write_compressed_rows
@@ -21,7 +22,6 @@ from .primitives import RMSNorm, RopeTable, apply_rope, grouped_linear
 from .quant import Quantizer
 
 QUERY_TILE = 256  # queries per attention/indexer tile: bounds the [tile, heads, keys] temporaries
-ROLLBACK_MARGIN = 16  # window rows kept beyond the window so a rejected speculative suffix can be undone
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Attention(nn.Module):
         out = self.wo_b(grouped.flatten(1))
         # Only the last window stays (the next chunk's first query needs keys from p - W + 1 on), plus a
         # margin for rolling back a rejected speculative suffix.
-        window_rows.drop_before(int(pos[-1]) + 2 - cfg.sliding_window - ROLLBACK_MARGIN)
+        window_rows.drop_before(int(pos[-1]) + 2 - cfg.sliding_window - ROLLBACK_MARGIN_ROWS)
         return out
 
     def _index(self, x, q_latent, angles, state: ChunkState, cache: RequestCache, quant: Quantizer) -> None:

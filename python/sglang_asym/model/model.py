@@ -73,11 +73,12 @@ class V41Model(nn.Module):
     def expected_tensor_names(self) -> frozenset[str]:
         return frozenset(self.plan.all_tensor_names) if self.role == "full" else self.plan.prefill_tensor_names
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy released-name tensors into the model; every expected tensor must be present."""
+    def load_weights(self, weights: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy released-name tensors into the model; with `strict` every expected tensor must be present
+        (a caller loading in parts passes strict=False and checks completeness itself)."""
         own = self.state_dict()
         missing = sorted(self.expected_tensor_names() - weights.keys())
-        if missing:
+        if missing and strict:
             raise KeyError(f"checkpoint is missing {len(missing)} tensor(s) this {self.role} model needs, "
                            f"e.g. {missing[:5]}")
         for name, value in weights.items():

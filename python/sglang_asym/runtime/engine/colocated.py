@@ -24,7 +24,7 @@ class ColocatedEngine(EngineBase):
         super().__init__(model.cfg, options, "null")
         self.model = model
         sizing = CacheSizing(max_requests=options.max_running + 1, max_tokens=options.max_total_tokens,
-                             page_rows=options.page_rows)
+                             page_rows=options.page_rows, max_chunk_tokens=options.window)
         self._prefix_caches = model.new_cache_set(CacheSizing(1, options.max_total_tokens, options.page_rows))
         self._prefix_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,

@@ -79,7 +79,8 @@ class AsymPrefillEngine(EngineBase):
         if model.role != "prefill":
             raise ValueError("the asym-prefill engine runs the prefill-role model")
         self.model, self.row_format = model, _row_format(options)
-        self.caches = model.new_cache_set(CacheSizing(options.max_running, options.max_total_tokens, options.page_rows))
+        self.caches = model.new_cache_set(CacheSizing(options.max_running, options.max_total_tokens, options.page_rows,
+                                                      max_chunk_tokens=options.prefill_chunk))
         self.pools = _pools(model, options, self.row_format)
         self.allocators = {name: SlotAllocator(name, pool.num_slots) for name, pool in self.pools.items()}
         self.compat = transfer_compat(model.cfg, options.window, options.semantics.value, self.row_format, model.dtype)
@@ -204,7 +205,8 @@ class AsymDecodeEngine(EngineBase):
         self._overall_timeout_s = self.transfer_config.bootstrap_timeout_s + self.transfer_config.waiting_timeout_s + 5
         self.mooncake = MooncakeEngine(host, self.transfer_config.write_timeout_s)
         self.manager = DecodeTransferManager(self.transfer_config, self.compat, self.mooncake, self.pools)
-        sizing = CacheSizing(options.max_running + 1, options.max_total_tokens, options.page_rows)
+        sizing = CacheSizing(options.max_running + 1, options.max_total_tokens, options.page_rows,
+                             max_chunk_tokens=options.window)
         self._probe_caches = model.new_cache_set(CacheSizing(1, options.max_total_tokens, options.page_rows))
         self._probe_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe-prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,

@@ -1,4 +1,5 @@
-"""Start and stop real `python -m sglang_asym.launch_server` processes for system tests."""
+"""Start, health-check and stop real `python -m sglang_asym.launch_server` processes (demo, benchmarks, tests),
+and small HTTP helpers to talk to them."""
 
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ class ServerProcess:
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def rss_mb(self) -> float:
+        """Resident memory of the server process now (VmRSS), in MB."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -42,15 +50,16 @@ class ServerProcess:
 
 
 def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang_asym.launch_server",
-                 python: str = sys.executable) -> ServerProcess:
+                 python: str = sys.executable, served_name: str = "v41-small",
+                 env: dict[str, str] | None = None) -> ServerProcess:
     port = pick_free_port()
     bootstrap = pick_free_port() if mode in ("asym-prefill", "prefill") else None
     args = [python, "-m", module, "--model-path", str(model_path), "--port", str(port),
-            "--disaggregation-mode", mode, "--log-level", "warning", "--served-model-name", "v41-small", *extra]
+            "--disaggregation-mode", mode, "--log-level", "warning", "--served-model-name", served_name, *extra]
     if bootstrap is not None:
         args += ["--disaggregation-bootstrap-port", str(bootstrap)]
     log = log_dir / f"{mode}-{port}.log"
-    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return ServerProcess(mode, port, proc, log, bootstrap)
 
