@@ -76,8 +76,13 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
     for i in range(args.running):
         prompt, split, state = prefixes[i]
         loop.submit(ActiveRequest(f"run{i}", prompt, split, state, long_params, rec.emitter(f"run{i}")))
-    # steady state: wait until every running request has produced steady_steps tokens
-    while min((len(rec.times.get(f"run{i}", [])) for i in range(args.running)), default=0) < args.steady_steps:
+    # steady state: every running request admitted, then steady_steps more tokens each
+    while min((len(rec.times.get(f"run{i}", [])) for i in range(args.running)), default=0) < 1:
+        time.sleep(0.01)
+    with rec.lock:
+        all_running_at = max(rec.times[f"run{i}"][0] for i in range(args.running))
+        start_counts = [len(rec.times[f"run{i}"]) for i in range(args.running)]
+    while min(len(rec.times[f"run{i}"]) - start_counts[i] for i in range(args.running)) < args.steady_steps:
         time.sleep(0.01)
     burst_at = time.perf_counter()
     for j in range(args.burst):
@@ -92,6 +97,8 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
     for i in range(args.running):
         ts = rec.times[f"run{i}"]
         for a, b in zip(ts, ts[1:]):
+            if a < all_running_at:
+                continue  # start-up: the running batch itself was still being admitted
             if b <= burst_at:
                 steady_itl.append(b - a)
             elif a < admissions_end:
@@ -108,6 +115,7 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
         "itl_series": {f"run{i}": [round(b - a, 4) for a, b in zip(rec.times[f"run{i}"], rec.times[f"run{i}"][1:])]
                        for i in range(args.running)},
         "burst_at_s": burst_at,
+        "steady_intervals": len(steady_itl), "burst_intervals": len(burst_itl),
     }
 
 

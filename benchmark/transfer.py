@@ -22,7 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from sglang_asym.manifest import PayloadManifest, RowGroup
+from sglang_asym.config import V41Config
+from sglang_asym.manifest import PayloadManifest
+from sglang_asym.split import SplitPlan
 from sglang_asym.transfer import RowFormat, TransferCompat, TransferConfig
 from sglang_asym.transfer.loopback_rpc import AgentProcess
 
@@ -47,20 +49,14 @@ ASSUMPTIONS = {
 
 
 def asym_manifest(n_tokens: int, window: int = W) -> PayloadManifest:
-    """The payload the transfer layer moves: one group per (owner layer, row kind)."""
-    b = max(0, n_tokens - window)
-    groups = []
-    for layer in RATIO2_OWNERS:
-        groups += [RowGroup(f"L{layer}.kv", KV_ROW, b // 2), RowGroup(f"L{layer}.index", INDEX_ROW, b // 2)]
-    for layer in RATIO1_OWNERS:
-        groups += [RowGroup(f"L{layer}.kv", KV_ROW, b), RowGroup(f"L{layer}.index", INDEX_ROW, b)]
-    groups.append(RowGroup("tails", TAIL_ROW, len(RATIO2_OWNERS) if b % 2 else 0))
-    return PayloadManifest(tuple(groups)).nonempty()
+    """The payload the servers move: SplitPlan's manifest for the Flash config at the release formats
+    (semantics asym: the minimum, without the optional encoder window rows)."""
+    return SplitPlan(V41Config.flash(), n_tokens, window, "asym").manifest("release").nonempty()
 
 
 def minimum_asym_payload_bytes(n_tokens: int, window: int = W) -> int:
     """Bytes the asymmetric split must ship at minimum, from the per-token formula (independent
-    of the manifest above). Swap for `sglang_asym.split.SplitPlan(...).manifest.total_bytes`."""
+    of SplitPlan's manifest, which `asym_manifest` uses)."""
     b = max(0, n_tokens - window)
     per_pair = len(RATIO2_OWNERS) * (KV_ROW + INDEX_ROW)       # 3 x 356 B per 2 prefix tokens
     per_token = len(RATIO1_OWNERS) * (KV_ROW + INDEX_ROW)      # 356 B per prefix token
@@ -83,7 +79,7 @@ def run(reps: int) -> dict:
     formats = tuple(RowFormat(g.name, g.row_bytes, "raw") for g in asym_manifest(W + 3).groups)  # B = 3: all groups
     compat = TransferCompat("benchmark", formats, page_size=256, window=W, semantics="asym")
     capacity = max(LENGTHS)
-    caps = {f.group: 64 if f.group == "tails" else capacity for f in formats}
+    caps = {f.group: 64 if f.group.startswith("tail.") else capacity for f in formats}
     config = TransferConfig(peer_timeout_s=10.0, write_timeout_s=10)
     env = {"MC_LOG_LEVEL": "ERROR"}
     target = "sglang_asym.transfer.loopback_agents:"

@@ -13,15 +13,20 @@ from sglang_asym.asym import run_reference
 from sglang_asym.cache import CacheSizing
 from sglang_asym.model.steps import greedy_continue
 from sglang_asym.runtime.engine.colocated import ColocatedEngine
+from sglang_asym.sched import SchedulerConfig
 from sglang_asym.runtime.engine.options import EngineOptions
 from sglang_asym.runtime.engine_api import FinishKind, GenerateRequest, SamplingParams
 from sglang_asym.split import SplitPlan
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture(scope="module", params=["mixed", "separate"])
+def engine(request):
+    """Mixed and separate step execution must give the same tokens (both equal the reference)."""
     model = build("tiny", seed=4, cache_quant="release")
-    eng = ColocatedEngine(model, EngineOptions(model_path="tiny", max_total_tokens=1024))
+    sched = SchedulerConfig(token_budget=140, max_window_rows_per_step=140, max_running=4, num_draft_tokens=0,
+                            mode=request.param)
+    eng = ColocatedEngine(model, EngineOptions(model_path="tiny", max_total_tokens=1024, max_running=4,
+                                               scheduler=sched))
     yield eng
     eng.shutdown()
 

@@ -1,3 +1,5 @@
+"""AsymSettings: mode/window/semantics validation and their ride on ServerArgs through pickling."""
+
 import pickle
 from types import SimpleNamespace
 

@@ -1,3 +1,5 @@
+"""The spawned P/D agent pair shared by the transfer tests (one pair per session: engines busy-spin)."""
+
 import pytest
 from transfer_cases import AgentPair
 
