@@ -22,13 +22,12 @@ from typing import Any, Mapping, Protocol, Sequence
 import torch
 
 from .cache import RequestCache
-from .cache.request import JOURNAL_TOKENS
-from .model.attention import ROLLBACK_MARGIN
+from .cache.request import JOURNAL_TOKENS, ROLLBACK_MARGIN_ROWS
 from .model.dspark import Chooser, Draft
 from .model.model import V41Model
 
 # The widest verify step a request cache can roll back (compressor journal and window margin).
-MAX_VERIFY_WIDTH = min(JOURNAL_TOKENS, ROLLBACK_MARGIN)
+MAX_VERIFY_WIDTH = min(JOURNAL_TOKENS, ROLLBACK_MARGIN_ROWS)
 
 
 # ---- sampling ---------------------------------------------------------------------------------
