@@ -69,10 +69,10 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
                       sched, cfg.eos_token_id, on_step=steps.append)
     rec = Recorder()
     loop.start()
-    long_params = SamplingParams(max_new_tokens=args.steady_steps + args.burst + args.tail_steps + 4,
-                                 temperature=0, ignore_eos=True)
+    # running requests decode until the loop is stopped; the run ends once the burst is served
+    long_params = SamplingParams(max_new_tokens=300, temperature=0, ignore_eos=True)
     burst_params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
-    rec.expected_finish = {f"run{i}" for i in range(args.running)} | {f"new{i}" for i in range(args.burst)}
+    rec.expected_finish = {f"new{j}" for j in range(args.burst)}
     for i in range(args.running):
         prompt, split, state = prefixes[i]
         loop.submit(ActiveRequest(f"run{i}", prompt, split, state, long_params, rec.emitter(f"run{i}")))
@@ -90,6 +90,9 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
         loop.submit(ActiveRequest(f"new{j}", prompt, split, state, burst_params, rec.emitter(f"new{j}"),
                                   arrival=time.monotonic()))
     rec.done.wait(timeout=3600)
+    tail_from = len(rec.times["run0"])
+    while len(rec.times["run0"]) < tail_from + args.tail_steps:
+        time.sleep(0.01)
     loop.stop()
     # steady: intervals that ended before the burst; burst: intervals overlapping the admissions
     admissions_end = max(rec.times[f"new{j}"][0] for j in range(args.burst))
