@@ -62,11 +62,13 @@ class Recorder:
 def run_policy(models: Models, policy: str, args, prefixes) -> dict:
     cfg = models.full.cfg
     total = args.running + args.burst
-    sched = SchedulerConfig(token_budget=args.running + 128, max_window_rows_per_step=128,
+    sched = SchedulerConfig(token_budget=args.running + (args.window_chunk if policy == "budget" else 128),
+                            max_window_rows_per_step=128,
                             max_running=total, num_draft_tokens=0, window=128, mode="mixed", policy=policy)
     steps = []
+    chunk = args.window_chunk if policy == "budget" else 128
     loop = DecodeLoop(models.full, models.full.new_cache_set(CacheSizing(total + 1, args.prompt_len + 400)),
-                      sched, cfg.eos_token_id, on_step=steps.append)
+                      sched, cfg.eos_token_id, on_step=steps.append, window_chunk=chunk)
     rec = Recorder()
     loop.start()
     # running requests decode until the loop is stopped; the run ends once the burst is served
@@ -108,7 +110,7 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
                 burst_itl.append(b - a)
     ttft = [rec.times[f"new{j}"][0] - burst_at for j in range(args.burst)]
     return {
-        "policy": policy,
+        "policy": policy, "window_chunk": chunk, "token_budget": sched.token_budget,
         "steady_p50_ms": 1000 * percentile(steady_itl, 50), "steady_p99_ms": 1000 * percentile(steady_itl, 99),
         "burst_p50_ms": 1000 * percentile(burst_itl, 50), "burst_p99_ms": 1000 * percentile(burst_itl, 99),
         "ttft_mean_ms": 1000 * statistics.mean(ttft), "ttft_max_ms": 1000 * max(ttft),
@@ -149,6 +151,8 @@ def main() -> int:
     parser.add_argument("--steady-steps", type=int, default=6)
     parser.add_argument("--tail-steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--window-chunk", type=int, default=32,
+                        help="budget policy: window rows per step and request (admit-all runs whole windows)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

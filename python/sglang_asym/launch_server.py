@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int, default=8192, help="per-request context capacity")
     p.add_argument("--chunked-prefill-size", type=int, default=1024)
     p.add_argument("--decode-token-budget", type=int, default=256, help="rows per decode-worker step")
+    p.add_argument("--window-chunk-size", type=int, default=None,
+                   help="decode worker: window rows per step and request (default: the whole window)")
     p.add_argument("--schedule-mode", choices=["mixed", "separate"], default="mixed")
     p.add_argument("--admission-policy", choices=["budget", "admit_all"], default="budget")
     p.add_argument("--transfer-timeout", type=float, default=30.0,
@@ -78,6 +80,7 @@ def engine_options(args: argparse.Namespace):
     return EngineOptions(model_path=args.model_path, window=args.asym_window, semantics=args.asym_semantics,
                          cache_quant=args.cache_quant, max_running=args.max_running_requests,
                          max_total_tokens=args.max_total_tokens, prefill_chunk=args.chunked_prefill_size,
+                         window_chunk=args.window_chunk_size,
                          transfer_timeout_s=args.transfer_timeout,
                          bootstrap_port=args.disaggregation_bootstrap_port, scheduler=sched)
 

@@ -19,14 +19,16 @@ from sglang_asym.runtime.engine_api import FinishKind, GenerateRequest, Sampling
 from sglang_asym.split import SplitPlan
 
 
-@pytest.fixture(scope="module", params=["mixed", "separate"])
+@pytest.fixture(scope="module", params=[("mixed", None), ("separate", None), ("mixed", 32), ("separate", 7)],
+                ids=["mixed", "separate", "mixed-chunk32", "separate-chunk7"])
 def engine(request):
-    """Mixed and separate step execution must give the same tokens (both equal the reference)."""
+    """Mixed and separate step execution, whole or chunked windows: all give the reference's tokens."""
+    mode, chunk = request.param
     model = build("tiny", seed=4, cache_quant="release")
     sched = SchedulerConfig(token_budget=140, max_window_rows_per_step=140, max_running=4, num_draft_tokens=0,
-                            mode=request.param)
+                            mode=mode)
     eng = ColocatedEngine(model, EngineOptions(model_path="tiny", max_total_tokens=1024, max_running=4,
-                                               scheduler=sched))
+                                               scheduler=sched, window_chunk=chunk))
     yield eng
     eng.shutdown()
 

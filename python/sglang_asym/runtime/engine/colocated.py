@@ -28,7 +28,7 @@ class ColocatedEngine(EngineBase):
         self._prefix_caches = model.new_cache_set(CacheSizing(1, options.max_total_tokens, options.page_rows))
         self._prefix_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,
-                               on_step=self._on_step)
+                               on_step=self._on_step, window_chunk=options.window_chunk)
         self.loop.start()
 
     def _on_step(self, record) -> None:

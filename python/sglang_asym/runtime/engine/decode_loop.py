@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ...asym import PrefixState, run_window
+from ...asym import PrefixState, install_prefix
 from ...cache import CacheSet, OutOfPages, RequestCache
 from ...model import V41Model
 from ...sched import Scheduler, SchedulerConfig, StepMode
@@ -27,6 +27,11 @@ from .sampler import make_generator, sample
 logger = logging.getLogger(__name__)
 
 EmitFn = Callable[[TokenEvent], None]
+_CHUNK_MARK = "@window-chunk-"  # scheduler ids of a request's non-final window chunks: rid + mark + offset
+
+
+def _owner(scheduler_id: str) -> str:
+    return scheduler_id.split(_CHUNK_MARK, 1)[0]
 
 
 @dataclass
@@ -42,6 +47,8 @@ class ActiveRequest:
     generated: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
     next_input: int | None = None  # the last sampled token, fed at the next decode step
+    window_done: int = 0  # window rows [B, B + window_done) already computed (chunked windows)
+    queued_chunk: str | None = None  # scheduler id of the window chunk this request waits with
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,17 @@ class StepRecord:
 
 class DecodeLoop:
     def __init__(self, model: V41Model, cache_set: CacheSet, sched_config: SchedulerConfig,
-                 eos_token_id: int, on_step: Callable[[StepRecord], None] | None = None) -> None:
+                 eos_token_id: int, on_step: Callable[[StepRecord], None] | None = None,
+                 window_chunk: int | None = None) -> None:
         if sched_config.num_draft_tokens:
             raise ValueError("the decode loop runs plain decode; set num_draft_tokens=0 (speculative decoding "
                              "is driven by the speculative runner)")
         self.model, self.cache_set, self.eos = model, cache_set, eos_token_id
         self.scheduler = Scheduler(sched_config)
+        # A window larger than this runs over several steps (bounded prefill per step protects ITL).
+        self.window_chunk = sched_config.window if window_chunk is None else window_chunk
+        if not 1 <= self.window_chunk <= sched_config.window:
+            raise ValueError(f"window chunk must be in [1, {sched_config.window}], got {self.window_chunk}")
         self.on_step = on_step
         self._inbox: queue.Queue = queue.Queue()
         self._requests: dict[str, ActiveRequest] = {}
@@ -100,16 +112,18 @@ class DecodeLoop:
                 continue
             t0 = time.perf_counter()
             plan = step.plan
-            decoding = [self._requests[r.request_id] for r in plan.decode if r.request_id in self._requests]
-            admitted = [self._requests[w.request_id] for w in plan.admitted if w.request_id in self._requests]
+            decoding = [self._requests[r.request_id] for r in plan.decode
+                        if r.request_id in self._requests and self._requests[r.request_id].next_input is not None]
+            admitted = [(self._requests[_owner(w.request_id)], w) for w in plan.admitted
+                        if _owner(w.request_id) in self._requests]
             pending: list[tuple[EmitFn, TokenEvent]] = []
             for req in decoding:
                 pending += self._decode_one(req)
             if plan.mode is StepMode.SEPARATE:
                 self._flush(pending)
                 pending = []
-            for req in admitted:
-                pending += self._window(req)
+            for req, chunk in admitted:
+                pending += self._window(req, chunk.request_id, chunk.window_rows)
             self._flush(pending)
             if self.on_step is not None:
                 self.on_step(StepRecord(plan.step, plan.shape.value, plan.decode_rows, plan.window_rows,
@@ -143,20 +157,42 @@ class DecodeLoop:
         if req.sampling.max_new_tokens == 0:
             req.emit(TokenEvent(req.rid, (), True, FinishReason.of_length(0)))
             return
+        if req.prompt.numel() != req.split.prompt_len:
+            req.emit(TokenEvent(req.rid, (), True, FinishReason.abort("bad request"),
+                                error=f"prompt has {req.prompt.numel()} tokens, its split is for {req.split.prompt_len}"))
+            return
         self._seed += 1
         req.generator = make_generator(req.sampling, self._seed)
         self._requests[req.rid] = req
-        window_rows = req.split.prompt_len - req.split.boundary
-        self.scheduler.enqueue(req.rid, window_rows, arrival_time=req.arrival)
+        self._enqueue_next_chunk(req)
 
-    def _window(self, req: ActiveRequest) -> list[tuple[EmitFn, TokenEvent]]:
+    def _enqueue_next_chunk(self, req: ActiveRequest) -> None:
+        """Queue the request's next window chunk; the last chunk carries the request's own id so the
+        scheduler keeps it running afterwards."""
+        left = req.split.prompt_len - req.split.boundary - req.window_done
+        rows = min(left, self.window_chunk)
+        chunk_id = req.rid if rows == left else f"{req.rid}{_CHUNK_MARK}{req.window_done}"
+        req.queued_chunk = chunk_id
+        self.scheduler.enqueue(chunk_id, rows, arrival_time=req.arrival)
+
+    def _window(self, req: ActiveRequest, chunk_id: str, rows: int) -> list[tuple[EmitFn, TokenEvent]]:
+        final = chunk_id == req.rid
+        req.queued_chunk = None
         try:
-            logits, req.cache = run_window(self.model, self.cache_set, req.prefix, req.prompt, req.split)
+            if req.cache is None:
+                req.cache = install_prefix(self.model, self.cache_set, req.prefix, req.split)
+            start = req.split.boundary + req.window_done
+            logits = self.model(req.prompt[start : start + rows], req.cache, logits="last" if final else "none")
+            req.window_done += rows
         except OutOfPages as exc:
             return [self._finish(req, None, error=f"decode worker out of cache pages: {exc}")]
         except Exception as exc:  # a bad prefix state or a model error ends this request only
             logger.exception("window step of %s failed", req.rid)
             return [self._finish(req, None, error=f"window step failed: {exc}")]
+        if not final:
+            self.scheduler.finish(chunk_id)  # a partial window holds no decode slot
+            self._enqueue_next_chunk(req)
+            return []
         return [self._accept_token(req, logits)]
 
     def _decode_one(self, req: ActiveRequest) -> list[tuple[EmitFn, TokenEvent]]:
@@ -182,10 +218,11 @@ class DecodeLoop:
                 error: str | None = None) -> tuple[EmitFn, TokenEvent]:
         """Remove the request everywhere and free its cache; returns its final event (not yet emitted)."""
         self._requests.pop(req.rid, None)
-        try:
-            self.scheduler.abort(req.rid)
-        except LookupError:
-            pass
+        for sched_id in {req.rid, req.queued_chunk} - {None}:
+            try:
+                self.scheduler.abort(sched_id)
+            except LookupError:
+                pass
         if req.cache is not None:
             req.cache.release()
             req.cache = None

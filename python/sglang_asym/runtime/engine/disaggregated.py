@@ -210,7 +210,7 @@ class AsymDecodeEngine(EngineBase):
         self._probe_caches = model.new_cache_set(CacheSizing(1, options.max_total_tokens, options.page_rows))
         self._probe_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe-prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,
-                               on_step=self._on_step)
+                               on_step=self._on_step, window_chunk=options.window_chunk)
         self.loop.start()
         self._receivers: dict[str, object] = {}
 

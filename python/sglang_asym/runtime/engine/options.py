@@ -18,6 +18,7 @@ class EngineOptions:
     max_total_tokens: int = 8192  # per-request cache capacity (prompt + generated)
     page_rows: int = 64
     prefill_chunk: int = 1024  # the prefill role computes and ships the prefix in chunks of this many tokens
+    window_chunk: int | None = None  # decode worker: window rows per step and request (None: the whole window)
     transfer_timeout_s: float = 30.0  # a prefix that has not arrived by then fails the request
     bootstrap_port: int | None = None  # prefill role: where its bootstrap server listens
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
