@@ -146,7 +146,7 @@ def post_sse(url: str, path: str, body: Any) -> tuple[int, str, list[Any]]:
     return status, headers.get("content-type", ""), parse_sse(data)
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
