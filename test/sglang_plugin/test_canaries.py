@@ -47,6 +47,16 @@ def test_hook_registry_api():
     assert params(HookRegistry.apply_hooks) == []
 
 
+def test_every_hooked_symbol_has_a_canary():
+    # launcher-time hooks: canaries in this file; scheduler-time hooks (their modules need the CPU
+    # import stand-ins): signatures and relied-on code pinned in test_sglang_inspect.py
+    assert [t for t, _, _ in hooks.hook_table()] == [
+        "sglang.srt.server_args.ServerArgs.add_cli_args", "sglang.srt.server_args.ServerArgs.from_cli_args",
+        "sglang.srt.server_args.prepare_server_args", "sglang.srt.runtime_context.publish"]
+    assert [t for t, _, _ in hooks.scheduler_hook_table()] == [
+        "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.setup_state_kv_args"]
+
+
 def test_every_hook_target_resolves():
     for target, hook, hook_type in hooks.hook_table():
         owner, attr = target.rsplit(".", 1)
@@ -71,6 +81,19 @@ def test_prepare_server_args_takes_argv_and_calls_from_cli_args():
     source = inspect.getsource(prepare_server_args)
     assert "ServerArgs.add_cli_args(parser)" in source
     assert "ServerArgs.from_cli_args(raw_args)" in source
+
+
+def test_publish_takes_the_server_args_and_a_role_keyword():
+    from sglang.srt import runtime_context
+
+    assert params(runtime_context.publish) == ["server_args", "role", "hf_config", "ranks"]
+    assert inspect.signature(runtime_context.publish).parameters["role"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params(runtime_context.get_server_args) == []
+
+
+def test_hook_registry_bookkeeping_the_model_hooks_use():
+    assert isinstance(HookRegistry._hooks, dict) and isinstance(HookRegistry._patched, set)
+    assert "source" in inspect.signature(HookRegistry.register).parameters
 
 
 def test_launch_server_loads_plugins_before_parsing():

@@ -10,6 +10,7 @@ ASYM_TARGETS = [
     "sglang.srt.server_args.ServerArgs.add_cli_args",
     "sglang.srt.server_args.ServerArgs.from_cli_args",
     "sglang.srt.server_args.prepare_server_args",
+    "sglang.srt.runtime_context.publish",
 ]
 
 
@@ -26,6 +27,7 @@ def test_entry_point_registers_and_applies_every_hook(driver_report):
         ASYM_TARGETS[0]: [["AFTER", "sglang_asym", "sglang-asym"]],
         ASYM_TARGETS[1]: [["AROUND", "sglang_asym", "sglang-asym"]],
         ASYM_TARGETS[2]: [["AROUND", "sglang_asym", "sglang-asym"]],
+        ASYM_TARGETS[3]: [["AFTER", "sglang_asym", "sglang-asym"]],
     }
     assert driver_report["patched"] == sorted(ASYM_TARGETS)
 

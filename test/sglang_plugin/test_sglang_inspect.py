@@ -10,6 +10,7 @@ import pytest
 from sglang_asym.config import V41Config
 from sglang_asym.formats import row_bytes
 from sglang_asym.layer_plan import LayerPlan
+from sglang_asym.sglang_plugin.prefill_role import PrefillRole
 from sglang_asym.sglang_plugin.weight_names import LoadTarget, load_target, released_tensor_names, sglang_name
 
 from .conftest import run_python
@@ -173,6 +174,28 @@ def test_sglang_callables_the_build_relies_on(report):
         "compressed_kv_layout"]
     for name in ("pd_kv_layout", "get_contiguous_buf_infos", "get_state_buf_infos", "get_request_state_buf_infos"):
         assert sig[f"DeepSeekV4TokenToKVPool.{name}"] == ["self"]
+    assert sig["loader._initialize_model"] == ["model_config", "load_config", "quant_config"]
+    assert sig["disaggregation.utils.setup_state_kv_args"] == [
+        "kv_args", "token_to_kv_pool", "draft_token_to_kv_pool", "total_kv_layers", "req_to_token_pool"]
+    assert sig["disaggregation.utils.build_transfer_entry_pairs"] == [
+        "src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback"]
+    assert sig["MooncakeKVManager._send_kvcache_generic"] == [
+        "self", "mooncake_session_id", "src_data_ptrs", "dst_data_ptrs", "item_lens", "prefill_data_indices",
+        "dst_data_indices", "executor", "state_type", "force_flat", "src_layer_ids", "dst_layer_ids",
+        "dst_device_data_indices", "dst_device_data_ptrs", "dst_item_lens", "bootstrap_room"]
+    assert sig["MooncakeKVManager.send_kvcache"][:5] == [
+        "self", "mooncake_session_id", "prefill_kv_indices", "dst_kv_ptrs", "dst_kv_indices"]
+    assert sig["MooncakeKVManager.maybe_send_extra"] == [
+        "self", "req", "prefill_state_indices", "executor", "target_rank_registration_info"]
+    assert sig["deepseek_v4.make_pp_layers"] == ["num_hidden_layers", "layer_fn", "prefix", "return_tuple",
+                                                 "offloader_kwargs", "final_read", "stage_facts"]
+    assert sig["deepseek_v4.ParallelLMHead.__init__"][:3] == ["self", "num_embeddings", "embedding_dim"]
+    assert sig["deepseek_v2.DeepseekV2MoE.__init__"][:3] == ["self", "config", "layer_id"]
+
+
+def test_sglang_code_the_prefill_truncation_relies_on(report):
+    assert report["relied_on"] == {fact: True for fact in report["relied_on"]}
+    assert len(report["relied_on"]) == 15
 
 
 def test_engram_tables_other_than_flash_need_their_vocab_size():
@@ -183,3 +206,72 @@ def test_engram_tables_other_than_flash_need_their_vocab_size():
         sglang_hf_config(cfg)
     assert str(err.value) == ("config has Engram tables but no engram_vocab_size (SGLang derives the table "
                               "layout from it); only the Flash tables' value is known")
+
+
+# ---- the prefill role's truncated model, loaded through SGLang's load_weights (meta device) --------
+
+
+@pytest.fixture(scope="module")
+def prefill(report):
+    return report["prefill_role"]
+
+
+def test_prefill_role_names_are_the_layer_plan_plus_scales_and_encoder_engram():
+    role, plan = PrefillRole.from_config(FLASH), LayerPlan.from_config(FLASH)
+    assert plan.prefill_tensor_names <= role.checkpoint_names
+    extra = role.checkpoint_names - plan.prefill_tensor_names
+    engram = {n for n in extra if ".engram." in n}
+    assert engram == {f"layers.{i}.engram.{leaf}" for i in (1, 14) for leaf in
+                      ("embed.weight", "embed.scale", "wkv.weight", "wkv.scale", "q_weight", "k_weight")}
+    scales = extra - engram
+    assert all(n.endswith(".scale") and n.removesuffix(".scale") + ".weight" in plan.prefill_tensor_names
+               for n in scales)
+    # per encoder layer: 384 routed + 1 shared expert x (w1, w2, w3); wq_a, wkv, wq_b, wo_a, wo_b; and the
+    # indexer wq_b of the three encoder index sources (2, 8, 14)
+    assert Counter(n.rsplit(".", 2)[-2] for n in scales) == Counter(
+        {"w1": 7700, "w2": 7700, "w3": 7700, "wq_b": 23, "wq_a": 20, "wkv": 20, "wo_a": 20, "wo_b": 20})
+    assert (len(plan.prefill_tensor_names), len(role.checkpoint_names)) == (23507, 46722)
+
+
+def test_truncated_model_holds_exactly_the_layer_plan_tensors(prefill):
+    role = PrefillRole.from_config(FLASH)
+    params = {name for name, _, _ in prefill["parameters"]}
+    targets = {n: load_target(n, params) for n in role.checkpoint_names}  # KeyError if a name has no parameter
+    from_checkpoint = {t.param for t in targets.values() if t is not None}
+    sglang_own = {f"model.layers.{i}.self_attn.attn_mqa.{s}" for i in range(20) for s in ("k_scale", "v_scale")}
+    assert params == from_checkpoint | sglang_own
+    assert not from_checkpoint & sglang_own
+    from_layer_plan = {t.param for n, t in targets.items() if t is not None and ".engram." not in n}
+    engram = {p for p in params if ".engram." in p}
+    assert len(engram) == 12
+    assert from_layer_plan == params - sglang_own - engram
+    assert {p for p in params if p.startswith("model.layers.20.")} == {
+        "model.layers.20.input_layernorm.weight",
+        "model.layers.20.self_attn.compressor.wkv.weight",
+        "model.layers.20.self_attn.compressor.norm.weight",
+        "model.layers.20.self_attn.indexer.wk.weight",
+        "model.layers.20.self_attn.indexer.k_norm.weight",
+    }
+    assert not {p for p in params if p.startswith("model.layers.") and int(p.split(".")[2]) > 20}
+    assert {p for p in params if not p.startswith("model.layers.")} == {"model.embed_tokens.weight"}
+    assert len(params) == 642
+
+
+def test_truncated_model_structure(prefill):
+    assert prefill["layers"] == ["DeepseekV4PlatformDecoderLayer"] * 21 + ["PPMissingLayer"] * 19
+    assert prefill["layer_range"] == [0, 21]
+    assert prefill["head_and_norm"] == ["PPMissingLayer", "PPMissingLayer"]
+
+
+def test_load_weights_through_the_filter_loads_every_parameter(prefill):
+    from sglang_asym.checkpoint.specs import checkpoint_tensor_specs, disk_layout
+
+    role = PrefillRole.from_config(FLASH)
+    stored = [t.name for s in checkpoint_tensor_specs(FLASH) for t in disk_layout(s, "release")]
+    assert sum(n.startswith("mtp.") for n in stored) > 0  # the DSpark draft is in the stream, and skipped
+    assert prefill["passed"] == sorted(role.checkpoint_names)
+    assert prefill["skipped"] == len(stored) - len(role.checkpoint_names) == 49097
+    # SGLang warns "Some weights are not initialized from checkpoints" for any parameter the stream
+    # missed; it logs nothing of the kind, and drops only the vision routing biases it always drops.
+    assert prefill["sglang_log"] == ["INFO: Finished streaming dequant fp8 wo_a",
+                                     "INFO: Skipped checkpoint tensors not wired yet: gate.bias_vl=20"]

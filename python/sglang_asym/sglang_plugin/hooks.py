@@ -4,6 +4,17 @@
   ServerArgs.from_cli_args  AROUND  validate + translate asym-* to prefill/decode, attach AsymSettings
   prepare_server_args       AROUND  argument errors as argparse-style exits; CPU servers hand over
                                     to the embedded runtime
+  runtime_context.publish   AFTER   when a scheduler process publishes an asymmetric ServerArgs,
+                                    registers and applies the scheduler hooks below (in that process
+                                    only: their modules do not import on a CPU-only launcher)
+Scheduler hooks:
+  model_loader.loader._initialize_model
+                            AROUND  asym-prefill: builds SGLang's V4.1 model truncated to the prefill
+                                    role and binds its filtered weight loading (prefill_model.py);
+                                    draft models and every other server's model are built unchanged
+  disaggregation.utils.setup_state_kv_args
+                            AFTER   both roles: the PD registration of asym_registration.py (layer ids
+                                    on every entry; the prefill role registers only its payload)
 
 `prepare_server_args` is what both `python -m sglang.launch_server` and `sglang serve` call after
 `load_plugins()`; HookRegistry also rebinds the stale `from ... import prepare_server_args` copy
@@ -15,15 +26,24 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from ..config import V41Config
 from . import cpu_handover
+from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
-from .settings import attach
+from .prefill_model import install_prefill_loading, truncated_construction
+from .prefill_role import PrefillRole
+from .settings import attach, settings_of
 from .validation import AsymArgumentError
 
 SERVER_ARGS = "sglang.srt.server_args"
 ADD_CLI_ARGS = f"{SERVER_ARGS}.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = f"{SERVER_ARGS}.ServerArgs.from_cli_args"
 PREPARE_SERVER_ARGS = f"{SERVER_ARGS}.prepare_server_args"
+PUBLISH = "sglang.srt.runtime_context.publish"
+INITIALIZE_MODEL = "sglang.srt.model_loader.loader._initialize_model"
+SETUP_STATE_KV_ARGS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
+SCHEDULER_ROLE = "scheduler"
+DIST_NAME = "sglang-asym"
 
 
 def after_add_cli_args(result: Any, parser: Any) -> None:
@@ -54,12 +74,59 @@ def around_prepare_server_args(original: Callable, argv: list[str]) -> Any:
     return server_args
 
 
+def serving_prefill_role(model_config: Any, load_config: Any) -> PrefillRole | None:
+    """The prefill role this process builds its target model for, or None (not an asym-prefill
+    server, or a draft model). Reads the ServerArgs SGLang published in this process."""
+    from sglang.srt.runtime_context import get_server_args
+
+    settings = settings_of(get_server_args())
+    if settings is None or not settings.is_prefill:
+        return None
+    if getattr(load_config, "draft_model_idx", None) is not None or getattr(model_config, "is_draft_model", False):
+        return None
+    return PrefillRole.from_config(V41Config.from_json_file(model_config.model_path))
+
+
+def around_initialize_model(original: Callable, model_config: Any, load_config: Any, *args: Any, **kwargs: Any) -> Any:
+    role = serving_prefill_role(model_config, load_config)
+    if role is None:
+        return original(model_config, load_config, *args, **kwargs)
+    with truncated_construction(role):
+        model = original(model_config, load_config, *args, **kwargs)
+    return install_prefill_loading(model, role)
+
+
+def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
+    if role == SCHEDULER_ROLE and settings_of(server_args) is not None:
+        install_scheduler_hooks()
+
+
+def after_setup_state_kv_args(result: Any, kv_args: Any, token_to_kv_pool: Any, *args: Any, **kwargs: Any) -> None:
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+    from sglang.srt.runtime_context import get_server_args
+
+    server_args = get_server_args()
+    settings = settings_of(server_args)
+    if settings is None or not isinstance(token_to_kv_pool, DeepSeekV4TokenToKVPool):
+        return
+    apply_asym_registration(kv_args, token_to_kv_pool, V41Config.from_json_file(server_args.model_path), settings)
+
+
 def hook_table() -> tuple[tuple[str, Callable, str], ...]:
     """(target, hook, HookType name) for every hook; the canary tests check each target."""
     return (
         (ADD_CLI_ARGS, after_add_cli_args, "AFTER"),
         (FROM_CLI_ARGS, around_from_cli_args, "AROUND"),
         (PREPARE_SERVER_ARGS, around_prepare_server_args, "AROUND"),
+        (PUBLISH, after_publish, "AFTER"),
+    )
+
+
+def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
+    """Hooks installed only in an asymmetric server's scheduler processes (see after_publish)."""
+    return (
+        (INITIALIZE_MODEL, around_initialize_model, "AROUND"),
+        (SETUP_STATE_KV_ARGS, after_setup_state_kv_args, "AFTER"),
     )
 
 
@@ -68,3 +135,19 @@ def register_hooks() -> None:
 
     for target, hook, hook_type in hook_table():
         HookRegistry.register(target, hook, HookType[hook_type])
+
+
+def install_scheduler_hooks() -> None:
+    """Registers and applies scheduler_hook_table(). Idempotent."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+    from . import ENTRY_POINT_NAME
+
+    for target, hook, hook_type in scheduler_hook_table():
+        if target in HookRegistry._hooks:
+            continue
+        HookRegistry.register(target, hook, HookType[hook_type], source=HookSource(ENTRY_POINT_NAME, DIST_NAME))
+    HookRegistry.apply_hooks()
+    missing = [target for target, _, _ in scheduler_hook_table() if target not in HookRegistry._patched]
+    if missing:
+        raise RuntimeError(f"sglang-asym could not apply its scheduler hooks to {missing} (see the log above)")

@@ -1,13 +1,15 @@
-"""SGLang's own DeepseekV4ForCausalLM, built on the meta device on a CPU machine.
+"""SGLang's own DeepseekV4ForCausalLM, built on a CPU machine: on the meta device, or on "cpu".
 
-Used to read SGLang's parameter names and shapes for a V4.1 config (the weight-name mapping and the
-prefill role's filter are checked against them); nothing here can run a forward (the V4 KV-store
-and mHC kernels are Triton/CUDA only). Needs `sglang_cpu_context()` around it. Two CPU-only
-adjustments are scoped to the build:
+Used to read SGLang's parameter names and shapes for a V4.1 config, and to load checkpoints through
+SGLang's own `load_weights` (the weight loader runs on CPU); nothing here can run a forward (the V4
+KV-store and mHC kernels are Triton/CUDA only). With a `PrefillRole` the model is the prefill role's
+truncation (prefill_model.py). Needs `sglang_cpu_context()` around it. CPU-only adjustments, scoped
+by `cpu_adjustments()`:
 - the rope factory's device lookup (`rope_variant.get_device`) raises without an accelerator;
-  it is answered "cpu" (tables are meta tensors anyway);
+  it is answered "cpu";
 - the Engram hasher is not built: it loads the real tokenizer to compress the vocabulary, and it
-  holds no parameters.
+  holds no parameters;
+- `load_weights` ends with a JIT prewarm of the CUDA mHC kernels (`_prewarm_mhc_kernels`); skipped.
 The config goes through SGLang's `DeepseekV41Config` exactly as ModelConfig would, with
 `topk_group = n_group` (ModelConfig forces it for V4: the V3 template's group limit is not used).
 """
@@ -21,6 +23,8 @@ from typing import Any, Iterator
 import torch
 
 from ..config import V41Config
+from .prefill_model import build_prefill_model
+from .prefill_role import PrefillRole
 from .sglang_cpu import patched
 
 # The released Flash config's `engram_vocab_size` (V41Config does not model it). Derived: SGLang
@@ -73,7 +77,8 @@ def release_quant_config() -> Any:
 
 
 @contextlib.contextmanager
-def _cpu_build_adjustments() -> Iterator[None]:
+def cpu_adjustments() -> Iterator[None]:
+    """The CPU-only adjustments for building and loading SGLang's V4 model (see module doc)."""
     import sglang.srt.layers.rotary_embedding.rope_variant as rope_variant
     import sglang.srt.models.deepseek_v4 as deepseek_v4
 
@@ -82,14 +87,18 @@ def _cpu_build_adjustments() -> Iterator[None]:
         def from_config(*args: Any, **kwargs: Any) -> None:
             return None
 
+    model_class = deepseek_v4.DeepseekV4ForCausalLM
     with patched(rope_variant, "get_device", lambda *a, **k: "cpu"), patched(
         deepseek_v4, "EngramHasher", _NoEngramHasher
-    ):
+    ), patched(model_class, "_prewarm_mhc_kernels", lambda self: None):
         yield
 
 
-def build_meta_model(cfg: V41Config, quantized: bool = True) -> torch.nn.Module:
-    """SGLang's DeepseekV4ForCausalLM for `cfg` on the meta device (inside sglang_cpu_context)."""
+def build_model(cfg: V41Config, device: str = "meta", quantized: bool = True,
+                role: PrefillRole | None = None) -> torch.nn.Module:
+    """SGLang's DeepseekV4ForCausalLM for `cfg` on `device` ("meta" or "cpu"; inside
+    sglang_cpu_context), truncated to the prefill role when `role` is given. Load it inside
+    `cpu_adjustments()`."""
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     hf = sglang_hf_config(cfg)
@@ -98,10 +107,17 @@ def build_meta_model(cfg: V41Config, quantized: bool = True) -> torch.nn.Module:
     # ModelLoader builds under the checkpoint dtype; parameters that do not pin theirs follow it.
     torch.set_default_dtype(getattr(torch, cfg.dtype))
     try:
-        with _cpu_build_adjustments(), torch.device("meta"):
-            return DeepseekV4ForCausalLM(hf, quant)
+        with cpu_adjustments(), torch.device(device):
+            if role is None:
+                return DeepseekV4ForCausalLM(hf, quant)
+            return build_prefill_model(DeepseekV4ForCausalLM, hf, quant, role)
     finally:
         torch.set_default_dtype(previous_dtype)
+
+
+def build_meta_model(cfg: V41Config, quantized: bool = True) -> torch.nn.Module:
+    """SGLang's DeepseekV4ForCausalLM for `cfg` on the meta device (inside sglang_cpu_context)."""
+    return build_model(cfg, "meta", quantized)
 
 
 def parameter_table(model: torch.nn.Module) -> list[ParamInfo]:

@@ -2,7 +2,7 @@
 
 SGLang's layers read the published ServerArgs (`runtime_context.publish`) and its model-parallel
 groups even at TP 1, so `sglang_cpu_context()` installs the CPU import stand-ins, publishes a
-default record, and starts a world-size-1 gloo group on 127.0.0.1 with SGLang's parallel state.
+ServerArgs record, and starts a world-size-1 gloo group on 127.0.0.1 with SGLang's parallel state.
 It owns torch.distributed for the process: use it in a dedicated process (the inspect CLI does).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Iterator
+from typing import Any, Iterator
 
 from . import cpu_import_gaps
 
@@ -22,7 +22,9 @@ def _free_local_port() -> int:
 
 
 @contextlib.contextmanager
-def sglang_cpu_context() -> Iterator[None]:
+def sglang_cpu_context(server_args: Any = None) -> Iterator[None]:
+    """`server_args`: the record to publish (default `ServerArgs(model_path="dummy")`); give one
+    with no `--device` for the reason below."""
     cpu_import_gaps.install()
     import torch.distributed as dist
 
@@ -35,7 +37,9 @@ def sglang_cpu_context() -> Iterator[None]:
     reset_context()
     # No --device: the rope factory's CPU branch only knows deepseek_yarn scaling, and V4.1's
     # ratio-0 layers have none; the generic branch builds every layer.
-    publish(ServerArgs(model_path="dummy"), role="test", ranks=SpawnRanks(world_rank=0))
+    if server_args is None:
+        server_args = ServerArgs(model_path="dummy")
+    publish(server_args, role="test", ranks=SpawnRanks(world_rank=0))
     parallel_state.init_distributed_environment(
         world_size=1,
         rank=0,

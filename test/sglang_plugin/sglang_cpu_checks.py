@@ -1,0 +1,558 @@
+"""Checks that need SGLang's model or pools built on CPU, run in a fresh process (SGLang's parallel
+state owns torch.distributed for the process) by the tests beside this file. Each prints one line
+`REPORT <json>` with raw facts; the tests assert on them.
+
+    python test/sglang_plugin/sglang_cpu_checks.py load CHECKPOINT_DIR
+    python test/sglang_plugin/sglang_cpu_checks.py payload [PROMPT_LEN]
+    python test/sglang_plugin/sglang_cpu_checks.py bootstrap
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def _expected_value(items: list, tensors: dict[str, torch.Tensor], param: torch.Tensor) -> torch.Tensor:
+    """The value SGLang's loader must have stored in `param`, built independently from the
+    checkpoint tensors that map to it (`items`: (LoadTarget, checkpoint name))."""
+    from sglang_asym.checkpoint.formats import dequantize_fp8
+
+    first = items[0][0]
+    if first.shard == "dequant_scale" or any(t.shard == "dequant_scale" for t, _ in items):
+        weight = next(tensors[n] for t, n in items if t.shard != "dequant_scale")
+        scale = next(tensors[n] for t, n in items if t.shard == "dequant_scale")
+        return dequantize_fp8(weight, scale, torch.float32).to(param.dtype)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if param.dtype == torch.float8_e4m3fn or param.dtype == torch.int8:
+            assert t.dtype == param.dtype, (t.dtype, param.dtype)
+            return t
+        return t.to(torch.float32).to(param.dtype)  # e8m0 scales and fp32 tensors, as copy_ converts
+
+    if first.shard is None:
+        assert len(items) == 1, items
+        return cast(tensors[items[0][1]])
+    order = {"q": 0, "kv": 1, "gate": 0, "up": 1, "w1": 0, "w3": 1, "w2": 0}
+    if first.expert is None:
+        parts = sorted(items, key=lambda item: order[item[0].shard])
+        return torch.cat([cast(tensors[n]) for _, n in parts], dim=0)
+    experts = defaultdict(list)
+    for target, name in items:
+        experts[target.expert].append((order[target.shard], name))
+    assert sorted(experts) == list(range(param.shape[0])), sorted(experts)
+    return torch.stack([torch.cat([cast(tensors[n]) for _, n in sorted(experts[e])], dim=0)
+                        for e in sorted(experts)])
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _server_args(mode: str | None):
+    """The record a scheduler publishes, with the plugin's settings as the launcher attached them.
+    (Its model_path stays a placeholder: resolving a real one asks for an accelerator on CPU; the
+    model itself comes from ModelConfig.)"""
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+
+    record = ServerArgs(model_path="dummy")
+    if mode is not None:
+        attach(record, AsymSettings(mode))
+    return record
+
+
+def load(checkpoint: str) -> dict:
+    """SGLang's own loading path, as a scheduler runs it, in an asym-prefill server: plugins loaded
+    through the entry point, ModelConfig and quantization config from the checkpoint,
+    `_initialize_model` (hooked), `DefaultModelLoader.load_weights_only` over SGLang's own file
+    iterator; then every parameter compared with the checkpoint."""
+    from sglang_asym.config import V41Config
+    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
+
+    cfg = V41Config.from_json_file(checkpoint)
+    with sglang_cpu_context():
+        from safetensors.torch import load_file
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_loader import loader
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt import runtime_context
+        from sglang.srt.runtime_context import SpawnRanks
+
+        from sglang_asym.sglang_plugin.meta_model import cpu_adjustments
+        from sglang_asym.sglang_plugin.prefill_model import PrefillModelError
+        from sglang_asym.sglang_plugin.prefill_role import PrefillRole
+        from sglang_asym.sglang_plugin.weight_names import load_target
+
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        load_plugins()
+        patched_before = sorted(HookRegistry._patched)
+        # what run_scheduler_process does after load_plugins(): publish its (unpickled) ServerArgs
+        # (through the module attribute: a name imported before load_plugins() is not rebound)
+        runtime_context.publish(_server_args("asym-prefill"), role="scheduler", ranks=SpawnRanks(world_rank=0))
+        patched_after = sorted(HookRegistry._patched)
+        model_config, load_config = ModelConfig(checkpoint), LoadConfig()
+        quant_config = loader._get_quantization_config(model_config, load_config)
+        default_loader = loader.DefaultModelLoader(load_config)
+        cpu = torch.device("cpu")
+
+        def build():
+            with cpu_adjustments(), cpu:
+                return loader._initialize_model(model_config, load_config, quant_config)
+
+        role = PrefillRole.from_config(cfg)
+        model = build()
+        params = dict(model.named_parameters())
+        with cpu_adjustments():
+            default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model), cpu)
+        stats = model._sglang_asym_prefill_load_stats
+
+        files = sorted(glob.glob(str(Path(checkpoint) / "*.safetensors")))
+        tensors = {}
+        for f in files:
+            tensors.update(load_file(f))
+        by_param = defaultdict(list)
+        for name in sorted(role.checkpoint_names):
+            target = load_target(name, params)
+            if target is not None:
+                by_param[target.param].append((target, name))
+        compared = {}
+        for pname, items in by_param.items():
+            expected = _expected_value(items, tensors, params[pname].data)
+            compared[pname] = {
+                "equal": _same_bits(params[pname].data, expected),
+                "dtype": str(params[pname].dtype).removeprefix("torch."),
+                "sources": [n for _, n in items],
+                "nonzero": bool(params[pname].data.view(torch.uint8).any()),
+            }
+
+        errors = {}
+        for case, drop in (("missing_kv_path", "layers.20.attn.indexer.wk.weight"),
+                           ("missing_encoder_scale", "layers.3.attn.wq_b.scale")):
+            fresh = build()
+            weights = default_loader._get_all_weights(model_config, fresh)
+            try:
+                with cpu_adjustments():
+                    fresh.load_weights((n, t) for n, t in weights if n != drop)
+                errors[case] = None
+            except PrefillModelError as exc:
+                errors[case] = str(exc)
+        try:
+            model.load_weights(iter(()), is_nextn=True)
+            errors["nextn"] = None
+        except PrefillModelError as exc:
+            errors["nextn"] = str(exc)
+
+        other_roles = {}
+        for mode in ("asym-decode", None):  # the hook leaves every other server's model alone
+            runtime_context.publish(_server_args(mode), role="scheduler", ranks=SpawnRanks(world_rank=0))
+            other = build()
+            other_roles[str(mode)] = [len(list(other.named_parameters())), type(other.lm_head).__name__,
+                                      hasattr(other, "_sglang_asym_prefill_role")]
+        return {
+            "patched": [patched_before, patched_after],
+            "quant_config": [type(quant_config).__name__, list(quant_config.weight_block_size),
+                             quant_config.is_fp4_experts, quant_config.is_dsv4_fp4_experts],
+            "checkpoint_tensors": len(tensors),
+            "parameters": sorted(params),
+            "passed": sorted(stats.passed),
+            "skipped": stats.skipped,
+            "compared": compared,
+            "errors": errors,
+            "layer_types": [type(layer).__name__ for layer in model.model.layers],
+            "head": [type(model.lm_head).__name__, type(model.model.norm).__name__],
+            "other_roles": other_roles,
+        }
+
+
+def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dict:
+    """The production path: SGLang's own `setup_state_kv_args` (hooked: asym_registration) builds both
+    roles' KVArgs; SGLang's own `MooncakeKVManager.send_kvcache` and `maybe_send_extra` (the engine
+    write captured) move the request with the indices SGLang's prefill computes for a request cut
+    to B; the blocks are applied to D's pool."""
+    import types
+
+    from sglang.srt import runtime_context
+    from sglang.srt.disaggregation import utils as disagg_utils
+    from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+    from sglang.srt.runtime_context import SpawnRanks
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_asym.sglang_plugin import pool_payload as pp
+    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+
+    def kv_args_for(pool, mode: str):
+        record = ServerArgs(model_path=config_dir, device="cpu")
+        attach(record, AsymSettings(mode, window=split.window, semantics=split.semantics.value))
+        runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
+        kv_args = KVArgs()
+        kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = pool.get_contiguous_buf_infos()
+        kv_args.kv_layer_ids, kv_args.num_draft_entries, kv_args.engine_rank = [], 0, 0
+        disagg_utils.setup_state_kv_args(kv_args, pool)
+        return kv_args
+
+    p_args, d_args = kv_args_for(p_pool, "asym-prefill"), kv_args_for(d_pool, "asym-decode")
+    blocks: list = []
+    manager = MooncakeKVManager.__new__(MooncakeKVManager)
+    manager.__dict__.update(
+        kv_args=p_args, is_mla_backend=True, is_hybrid_mla_backend=False, pp_size=1, attn_tp_size=1,
+        state_tp_size=1, enable_custom_mem_pool=False, custom_mem_pool_type=None, max_transfer_batch_indices=0,
+        state_strides_validated=set(), request_status={ROOM: KVPoll.Transferring})
+    manager._transfer_data = lambda session, transfer_blocks: blocks.extend(transfer_blocks) or 0
+
+    def indices(pages, pool) -> tuple:  # what SGLang's send_kv_chunk computes for a request of B tokens
+        b, page = split.boundary, 256
+        contiguous = np.array([pages.full_pages[k] for k in range(-(-b // page))], dtype=np.int32)
+        window_start = max(0, b - split.config.sliding_window) // page * page
+        swa = [pages.swa_pages[t // page] for t in range(window_start, b, page)]
+        return contiguous, [swa, list(pool.request_state_transfer_indices(pages.req_pool_idx, b))]
+
+    p_contiguous, p_state = indices(p_pages, p_pool)
+    d_contiguous, d_state = indices(d_pages, d_pool)
+    rc = manager.send_kvcache("capture", p_contiguous, d_args.kv_data_ptrs, d_contiguous, executor=None,
+                              dst_layer_ids=d_args.kv_layer_ids, dst_kv_item_len=None)
+    registration = types.SimpleNamespace(
+        dst_state_data_ptrs=d_args.state_data_ptrs, dst_state_item_lens=d_args.state_item_lens,
+        dst_state_dim_per_tensor=d_args.state_dim_per_tensor, dst_state_layer_ids=d_args.state_layer_ids,
+        dst_attn_tp_size=1, dst_tp_rank=0)
+    request = types.SimpleNamespace(dst_state_indices=d_state, mooncake_session_id="capture", room=ROOM)
+    rc_extra = manager.maybe_send_extra(request, p_state, executor=None, target_rank_registration_info=registration)
+    before = {name: t.clone() for name, t in _pool_tensors(d_pool).items()}
+    pp.apply_blocks([pp.TransferBlock(s, d, n, "") for s, d, n in blocks])
+    back = pp.read_payload(d_pool, d_pages, split)
+    return {
+        "rc": [rc, rc_extra],
+        "p_state_layer_ids": [[str(st) for st in p_args.state_types], p_args.state_layer_ids],
+        "d_state_layer_ids": d_args.state_layer_ids,
+        "kv_layer_ids": [p_args.kv_layer_ids, d_args.kv_layer_ids],
+        "changed": sorted(n for n, t in _pool_tensors(d_pool).items() if not torch.equal(t, before[n])),
+        "back": back,
+        "bytes": sum(int(n) for _, _, n in blocks),
+    }
+
+
+def payload(prompt_len: str = "429") -> dict:
+    """Our prefill role's payload (release formats) written into SGLang's DeepSeekV4TokenToKVPool on
+    CPU, read back by SGLang's own readers, moved by SGLang's transfer planner to a second pool."""
+    from sglang_asym.asym import run_prefix
+    from sglang_asym.cache import CacheSizing
+    from sglang_asym.checkpoint.random_init import random_weights
+    from sglang_asym.formats import unpack_rows
+    from sglang_asym.model import V41Model
+    from sglang_asym.runtime.engine.payload_io import encode_rows
+    from sglang_asym.sglang_plugin import pool_payload as pp
+    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
+    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+    from sglang_asym.split import SplitPlan
+
+    cfg, n, window = sglang_small(), int(prompt_len), 128
+    split = SplitPlan(cfg, n, window, "asym-exact-encoder")
+    model = V41Model(cfg, role="prefill", cache_quant="release", dtype="float32")
+    weights = random_weights(cfg, 7)
+    model.load_weights({k: v for k, v in weights.items() if k in model.expected_tensor_names()})
+    tokens = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
+    state = run_prefix(model, model.new_cache_set(CacheSizing(max_requests=1, max_tokens=n + 1)), tokens, split)
+    rows = {g: encode_rows(g, t, "release") for g, t in state.rows.items()}
+    manifest = split.manifest("release").nonempty()
+
+    import tempfile
+
+    config_dir = tempfile.mkdtemp(prefix="sglang_small_config_")
+    cfg.write_json(config_dir)
+    with sglang_cpu_context():
+        from sglang.srt.plugins import load_plugins
+
+        from sglang_asym.sglang_plugin.kv_pool import build_kv_pool
+
+        load_plugins()
+        p_pool, d_pool = (build_kv_pool(cfg, full_tokens=2048, swa_tokens=1024, max_reqs=4) for _ in range(2))
+        p_pages = pp.RequestPages(full_pages=(3, 1), swa_pages=(1, 0), req_pool_idx=2)
+        d_pages = pp.RequestPages(full_pages=(5, 6), swa_pages=(2, 4), req_pool_idx=1)
+        pp.write_payload(p_pool, p_pages, split, rows)
+        p_back = pp.read_payload(p_pool, p_pages, split)
+
+        # SGLang's own CPU readers of the index-key pool, at the slots of our rows
+        index_readback = {}
+        for group in (g.name for g in manifest.groups if g.name.startswith("index.")):
+            owner = int(group.split(".L")[1])
+            ratio = cfg.compress_ratios[owner]
+            ipool = p_pool.index_pools[ratio]
+            k = list(p_pool.sources_by_ratio[ratio]).index(owner)
+            per_page = 256 // ratio
+            slots = torch.tensor([p_pages.full_pages[j * ratio // 256] * per_page + j % per_page
+                                  for j in range(rows[group].shape[0])])
+            payload_i8, scales_i32 = ipool.get_index_k_fp4(k, slots)
+            sglang_bytes = torch.cat([payload_i8.view(torch.uint8),
+                                      scales_i32.contiguous().view(torch.uint8).view(-1, 4)], dim=1).numpy()
+            dequant = ipool.get_index_k_dequant(k, slots)
+            ours = unpack_rows(torch.from_numpy(rows[group]), "mxfp4", cfg.index_head_dim).to(torch.bfloat16)
+            index_readback[group] = {"bytes_equal": bool((sglang_bytes == rows[group]).all()),
+                                     "dequant_equal": bool(torch.equal(dequant, ours)),
+                                     "dequant_nonzero": bool(dequant.abs().sum() > 0)}
+
+        d_before = {name: t.clone() for name, t in _pool_tensors(d_pool).items()}
+        blocks = pp.sglang_transfer_blocks(p_pool, p_pages, d_pool, d_pages, split)
+        sent: dict[str, int] = defaultdict(int)
+        for block in blocks:
+            sent[block.entry] += len(pp.read_block(block))
+        pp.apply_blocks(blocks)
+        d_back = pp.read_payload(d_pool, d_pages, split)
+        changed = sorted(name for name, t in _pool_tensors(d_pool).items() if not torch.equal(t, d_before[name]))
+
+        production = {}
+        for semantics in ("asym-exact-encoder", "asym"):
+            variant = SplitPlan(cfg, n, window, semantics)
+            for name, t in _pool_tensors(d_pool).items():
+                t.zero_()
+            result = _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, variant, config_dir)
+            expected = {g.name for g in variant.manifest("release").nonempty().groups}
+            back = result.pop("back")
+            result["back_equal"] = {g: bool(np.array_equal(back[g], rows[g])) for g in expected}
+            production[semantics] = result
+
+        asym_split = SplitPlan(cfg, n, window, "asym")
+        asym_plan = [[s.buffer_list, [e.name for e in s.entries], list(s.indices)]
+                     for s in pp.asym_send_entries(p_pool, p_pages, asym_split)]
+        short_plan = pp.asym_send_entries(p_pool, p_pages, SplitPlan(cfg, window, window, "asym-exact-encoder"))
+        item_lens = {e.name: pp._buf_infos(p_pool, kind)[2][e.index]
+                     for kind, entries in pp.pool_entries(p_pool).items() for e in entries}
+        return {
+            "boundary": split.boundary,
+            "manifest": [[g.name, g.num_rows, g.row_bytes] for g in manifest.groups],
+            "p_readback_equal": {g: bool(np.array_equal(p_back[g], rows[g])) for g in rows},
+            "d_readback_equal": {g: bool(np.array_equal(d_back[g], rows[g])) for g in rows},
+            "index_readback": index_readback,
+            "sent_bytes": dict(sent),
+            "item_lens": item_lens,
+            "blocks": len(blocks),
+            "d_changed": changed,
+            "plan": [[s.buffer_list, [e.name for e in s.entries], list(s.indices)]
+                     for s in pp.asym_send_entries(p_pool, p_pages, split)],
+            "asym_plan": asym_plan,
+            "short_plan": len(short_plan),
+            "production": production,
+            "sglang_fp4_table": _sglang_fp4_table(),
+        }
+
+
+def _sglang_fp4_table() -> list:
+    from sglang.srt.layers.quantization.fp8 import DSV4_DEQUANT_FP4_TABLE
+
+    return DSV4_DEQUANT_FP4_TABLE.tolist()
+
+
+def _pool_tensors(pool) -> dict:
+    from sglang_asym.sglang_plugin import pool_payload as pp
+
+    out = {}
+    for kind, entries in pp.pool_entries(pool).items():
+        ptrs = pp._buf_infos(pool, kind)[0]
+        for entry in entries:
+            out[entry.name] = ptrs[entry.index]
+    tensors = {}
+    for ratio, kv in pool.kv_pools.items():
+        for o, buf in zip(pool.sources_by_ratio[ratio], kv.kv_buffer):
+            tensors[f"kv.c{ratio}.L{o}"] = buf.view(torch.uint8)
+        for o, buf in zip(pool.sources_by_ratio[ratio], pool.index_pools[ratio].index_k_with_scale_buffer):
+            tensors[f"index.c{ratio}.L{o}"] = buf.view(torch.uint8)
+    for i, buf in enumerate(pool.swa_kv_pool.kv_buffer):
+        tensors[f"swa.L{i}"] = buf.view(torch.uint8)
+    for o in pool.sources_by_ratio.get(2, ()):
+        tensors[f"pair_ring.L{o}"] = pool.compress_state_pools[o].kv_score_buffer.kv_score.view(torch.uint8)
+    assert {name: t.data_ptr() for name, t in tensors.items()} == out, "registered pointers differ"
+    return tensors
+
+
+# ---- bootstrap servers: ours and SGLang's, each driven by the other side's client code -----------
+
+ROOM = 7_000_000_000_000_000_001
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(addr: str, timeout_s: float = 10.0) -> None:
+    import time
+
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://{addr}/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"bootstrap server {addr} not healthy after {timeout_s} s")
+
+
+def _raw_script(addr: str) -> list:
+    """Every route and error, as plain HTTP (status, body); the same requests for both servers."""
+    import requests
+
+    base = f"http://{addr}"
+    route = base + "/route?prefill_dp_rank={}&prefill_cp_rank={}&target_tp_rank={}&target_pp_rank={}"
+    reg = {"attn_tp_size": 2, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
+           "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
+           "rank_ip": "10.0.0.5", "rank_port": 17001, "page_size": 256, "kv_cache_dtype": "fp8_e4m3",
+           "kv_layout": "v41,c1:v41_fp4,c2:v41_fp4", "prefill_http_port": 30000}
+
+    def show(response) -> list:
+        kind = response.headers.get("Content-Type", "").split(";")[0]
+        body = response.json() if kind == "application/json" and response.status_code == 200 else response.text
+        return [response.status_code, body]
+
+    steps = [
+        ("health", lambda: requests.get(base + "/health", timeout=5)),
+        ("info before registration", lambda: requests.get(route.format(-1, -1, -1, -1), timeout=5)),
+        ("rank before registration", lambda: requests.get(route.format(0, 0, 0, 0), timeout=5)),
+        ("missing inputs", lambda: requests.get(base + "/route?prefill_dp_rank=0&prefill_cp_rank=0", timeout=5)),
+        ("empty input", lambda: requests.get(route.format("", 0, 0, 0), timeout=5)),
+        ("method not allowed", lambda: requests.delete(base + "/route", timeout=5)),
+        ("register rank 0", lambda: requests.put(base + "/route", json=reg, timeout=5)),
+        ("info with 1 of 2", lambda: requests.get(route.format(-1, -1, -1, -1), timeout=5)),
+        ("other allocation policy", lambda: requests.put(
+            base + "/route", json={**reg, "attn_tp_rank": 1, "decode_allocation_policy": "late"}, timeout=5)),
+        ("other DSpark layout", lambda: requests.put(
+            base + "/route", json={**reg, "attn_tp_rank": 1, "dsv41_spec_layout": {"block": 5}}, timeout=5)),
+        ("register rank 1", lambda: requests.put(base + "/route", json={**reg, "attn_tp_rank": 1,
+                                                                         "rank_port": 17002}, timeout=5)),
+        ("info", lambda: requests.get(route.format(-1, -1, -1, -1), timeout=5)),
+        ("rank 1", lambda: requests.get(route.format(0, 0, 1, 0), timeout=5)),
+        ("unknown rank", lambda: requests.get(route.format(0, 0, 2, 0), timeout=5)),
+        ("register room", lambda: requests.post(base + "/register_dp_rank",
+                                                json={"bootstrap_room": ROOM, "dp_rank": 0}, timeout=5)),
+        ("query rooms", lambda: requests.post(base + "/query_dp_ranks",
+                                              json={"bootstrap_rooms": [ROOM, 5]}, timeout=5)),
+    ]
+    out = [[name, show(step())] for name, step in steps]
+    missing = requests.put(base + "/route", json={k: v for k, v in reg.items() if k != "page_size"}, timeout=5)
+    out.append(["registration missing a field: status", missing.status_code])
+    return out
+
+
+def _sglang_client_script(addr: str, port: int) -> dict:
+    """SGLang's own prefill and decode code paths against the server at addr."""
+    import types
+
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver, CommonKVSender
+
+    def prefill_rank(tp_rank: int, rank_port: int):
+        stub = types.SimpleNamespace(
+            dist_init_addr=None, bootstrap_host="127.0.0.1", bootstrap_port=port,
+            attn_tp_size=2, attn_tp_rank=tp_rank, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1,
+            attn_dp_rank=0, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
+            local_ip="10.0.0.7", rank_port=rank_port, kv_args=types.SimpleNamespace(page_size=256),
+            kv_cache_dtype_str="fp8_e4m3", kv_layout="v41,c1:v41_fp4,c2:v41_fp4", dsv41_spec_layout=None)
+        stub._register_topology_row = types.MethodType(CommonKVManager._register_topology_row, stub)
+        return stub
+
+    decode = types.SimpleNamespace(
+        prefill_info_table={}, kv_args=types.SimpleNamespace(page_size=256, engine_rank=1, state_types=[]),
+        kv_cache_dtype_str="fp8_e4m3", kv_layout="v41,c1:v41_fp4,c2:v41_fp4", dsv41_spec_layout=None,
+        attn_tp_size=2, attn_cp_size=1, attn_cp_rank=0, pp_size=1, pp_rank=0, is_mla_backend=True,
+        is_hybrid_mla_backend=False, dcp_size=1, enable_all_cp_ranks_for_transfer=False,
+        bootstrap_addr=addr)
+    decode._resolve_rank_mapping = types.MethodType(CommonKVManager._resolve_rank_mapping, decode)
+    out = {"info before registration": CommonKVManager.try_ensure_parallel_info(decode, addr)}
+    for tp_rank in (0, 1):
+        CommonKVManager.register_to_bootstrap(prefill_rank(tp_rank, 18000 + tp_rank))
+    out["info"] = CommonKVManager.try_ensure_parallel_info(decode, addr)
+    out["server info"] = dataclasses.asdict(decode.prefill_info_table[addr])
+    out["rank 1"] = CommonKVReceiver._get_bootstrap_info_from_server(decode, 0, 0, 1, 0)
+    out["unknown rank"] = CommonKVReceiver._get_bootstrap_info_from_server(decode, 0, 0, 3, 0)
+    sender = types.SimpleNamespace(bootstrap_server_url=addr, bootstrap_room=ROOM,
+                                   kv_mgr=types.SimpleNamespace(attn_dp_rank=0))
+    CommonKVSender._register_prefill_dp_rank(sender)
+    out["rooms"] = CommonKVReceiver.query_prefill_dp_ranks(addr, [ROOM, 11])
+    return out
+
+
+def _our_client_script(addr: str) -> dict:
+    from sglang_asym.transfer import bootstrap_client as client
+
+    def attempt(fn, *args):
+        try:
+            return ["ok", fn(*args)]
+        except client.BootstrapError as exc:
+            return ["error", exc.status, exc.text]
+
+    reg = client.RankRegistration(rank_ip="10.0.0.9", rank_port=19000, page_size=256, kv_cache_dtype="fp8_e4m3",
+                                  kv_layout="v41,c1:v41_fp4,c2:v41_fp4", attn_tp_size=2, prefill_http_port=30000)
+    other_policy = dataclasses.replace(reg, attn_tp_rank=1, decode_allocation_policy="late")
+    return {
+        "health": client.health(addr),
+        "info before registration": attempt(client.fetch_server_info, addr),
+        "register rank 0": attempt(client.register_prefill_rank, addr, reg),
+        "rank before all registered": attempt(client.fetch_rank, addr, 0, 0, 0, 0),
+        "other allocation policy": attempt(client.register_prefill_rank, addr, other_policy),
+        "register rank 1": attempt(client.register_prefill_rank, addr,
+                                   dataclasses.replace(reg, attn_tp_rank=1, rank_port=19001)),
+        "info": attempt(client.fetch_server_info, addr),
+        "rank 1": attempt(client.fetch_rank, addr, 0, 0, 1, 0),
+        "unknown rank": attempt(client.fetch_rank, addr, 1, 0, 0, 0),
+        "register room": attempt(client.register_dp_rank, addr, ROOM, 0),
+        "rooms": attempt(client.query_dp_ranks, addr, [ROOM, 3]),
+    }
+
+
+def bootstrap() -> dict:
+    """Each script against a fresh server of each kind, on 127.0.0.1 with free ports."""
+    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
+    from sglang_asym.transfer.bootstrap import BootstrapServer
+
+    with sglang_cpu_context():
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVBootstrapServer
+
+        def ours():
+            server = BootstrapServer("127.0.0.1", 0)
+            return server, server.port
+
+        def sglangs():
+            port = _free_port()
+            return MooncakeKVBootstrapServer("127.0.0.1", port), port
+
+        report = {}
+        for script in ("raw", "sglang_client", "our_client"):
+            for kind, start in (("ours", ours), ("sglang", sglangs)):
+                server, port = start()
+                addr = f"127.0.0.1:{port}"
+                try:
+                    _wait_healthy(addr)
+                    if script == "raw":
+                        result = _raw_script(addr)
+                    elif script == "sglang_client":
+                        result = _sglang_client_script(addr, port)
+                    else:
+                        result = _our_client_script(addr)
+                finally:
+                    server.close()
+                report[f"{script}/{kind}"] = result
+        report["sglang_server_class"] = [MooncakeKVBootstrapServer.__name__,
+                                         MooncakeKVBootstrapServer.__mro__[1].__qualname__]
+        return report
+
+
+CHECKS = {"load": load, "payload": payload, "bootstrap": bootstrap}
+
+if __name__ == "__main__":
+    report = CHECKS[sys.argv[1]](*sys.argv[2:])
+    print("REPORT " + json.dumps(report))
