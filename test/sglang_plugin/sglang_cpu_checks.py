@@ -5,6 +5,7 @@ state owns torch.distributed for the process) by the tests beside this file. Eac
     python test/sglang_plugin/sglang_cpu_checks.py load CHECKPOINT_DIR
     python test/sglang_plugin/sglang_cpu_checks.py payload [PROMPT_LEN]
     python test/sglang_plugin/sglang_cpu_checks.py bootstrap
+    python test/sglang_plugin/sglang_cpu_checks.py intake CONFIG_DIR WINDOW
 """
 
 from __future__ import annotations
@@ -551,7 +552,99 @@ def bootstrap() -> dict:
         return report
 
 
-CHECKS = {"load": load, "payload": payload, "bootstrap": bootstrap}
+def _intake_request(rid: str, prompt_len: int):
+    """A fresh request as the scheduler builds it (SGLang's own Req), for SGLang's fake transfer."""
+    from array import array
+
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return Req(rid, "", array("q", [1000 + t for t in range(prompt_len)]), SamplingParams(max_new_tokens=16),
+               bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=0, bootstrap_room=7)
+
+
+def _intake_state(req) -> dict:
+    from sglang_asym.sglang_plugin.prefill_cut import prompt_len_of
+
+    req.refresh_fill_ids()
+    reason = req.finished_reason
+    return {
+        "ids": list(req.origin_input_ids[:64]), "unpadded": list(req.origin_input_ids_unpadded[:64]),
+        "fill_ids": list(req.full_untruncated_fill_ids[:64]), "seqlen": req.seqlen,
+        "prompt_len": prompt_len_of(req), "max_new_tokens": req.sampling_params.max_new_tokens,
+        "sender": type(req.disagg_kv_sender).__name__ if getattr(req, "disagg_kv_sender", None) else None,
+        "finished": None if reason is None else {"type": type(reason).__name__, "status": int(reason.status_code),
+                                                  "message": reason.message},
+    }
+
+
+def intake(config_dir: str, window: str) -> dict:
+    """The asym-prefill intake hook on SGLang's own `PrefillBootstrapQueue.add` (SGLang's fake
+    transfer backend, SGLang's Req): installed only by an asymmetric scheduler's publish, cuts fresh
+    requests to B tokens, refuses N <= W and unsplittable prompts, leaves decode/symmetric alone."""
+    from types import SimpleNamespace
+
+    from sglang_asym.sglang_plugin import cpu_import_gaps, hooks
+    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+
+    cpu_import_gaps.install()
+    from sglang.srt import runtime_context
+    from sglang.srt.disaggregation import prefill
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.runtime_context import SpawnRanks
+    from sglang.srt.server_args import ServerArgs
+
+    sglang_add = prefill.PrefillBootstrapQueue.add
+
+    def publish(mode):
+        record = ServerArgs(model_path="dummy")
+        if mode is not None:
+            attach(record, AsymSettings(mode, window=int(window)))
+        runtime_context.reset_context()
+        runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
+
+    report: dict = {}
+    load_plugins()
+    publish(None)
+    report["symmetric_untouched"] = prefill.PrefillBootstrapQueue.add is sglang_add and \
+        hooks.PREFILL_QUEUE_ADD not in HookRegistry._patched
+    publish("asym-prefill")
+    hooked = prefill.PrefillBootstrapQueue.add
+    hooks.install_scheduler_hooks()
+    report["installed"] = hooked is not sglang_add and hooks.PREFILL_QUEUE_ADD in HookRegistry._patched
+    report["idempotent"] = prefill.PrefillBootstrapQueue.add is hooked
+
+    streamed: list = []
+    queue = object.__new__(prefill.PrefillBootstrapQueue)  # SGLang's add/create_sender on a bare queue
+    queue.queue, queue.max_input_len, queue.bootstrap_port = [], 100_000, 0
+    queue.transfer_backend, queue.kv_manager = None, None
+    queue.scheduler = SimpleNamespace(model_config=SimpleNamespace(model_path=config_dir), output_streamer=SimpleNamespace(
+        stream_output=lambda reqs, return_logprob, *a: streamed.extend(r.rid for r in reqs)))
+
+    def add(rid, prompt_len, req=None):
+        req = req or _intake_request(rid, prompt_len)
+        queue.add(req, 1)
+        return req
+
+    cases = {}
+    long_req = add("long", int(window) + 5)
+    cases["long"] = _intake_state(long_req)
+    cases["long_readded"] = _intake_state(add("long", 0, req=long_req))  # a requeued request keeps its cut
+    cases["at_window"] = _intake_state(add("at_window", int(window)))
+    cases["too_long"] = _intake_state(add("too_long", 8193))  # tiny: max_position_embeddings 8192
+    report["prefill"] = cases
+    report["queued"] = [r.rid for r in queue.queue]
+    report["streamed"] = list(streamed)
+
+    publish("asym-decode")
+    queue.queue = []
+    report["decode_untouched"] = _intake_state(add("decode", int(window) + 5))
+    return report
+
+
+CHECKS = {"load": load, "payload": payload, "bootstrap": bootstrap, "intake": intake}
 
 if __name__ == "__main__":
     report = CHECKS[sys.argv[1]](*sys.argv[2:])

@@ -54,7 +54,8 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.server_args.ServerArgs.add_cli_args", "sglang.srt.server_args.ServerArgs.from_cli_args",
         "sglang.srt.server_args.prepare_server_args", "sglang.srt.runtime_context.publish"]
     assert [t for t, _, _ in hooks.scheduler_hook_table()] == [
-        "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.setup_state_kv_args"]
+        "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.setup_state_kv_args",
+        "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"]
 
 
 def test_every_hook_target_resolves():

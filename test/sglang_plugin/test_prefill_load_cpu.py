@@ -67,7 +67,8 @@ def test_the_filter_passed_exactly_the_role(report):
 def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(report):
     before, after = report["patched"]
     assert "sglang.srt.model_loader.loader._initialize_model" not in before
-    assert sorted(set(after) - set(before)) == ["sglang.srt.disaggregation.utils.setup_state_kv_args",
+    assert sorted(set(after) - set(before)) == ["sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add",
+                                                "sglang.srt.disaggregation.utils.setup_state_kv_args",
                                                 "sglang.srt.model_loader.loader._initialize_model"]
 
 

@@ -191,11 +191,14 @@ def test_sglang_callables_the_build_relies_on(report):
                                                  "offloader_kwargs", "final_read", "stage_facts"]
     assert sig["deepseek_v4.ParallelLMHead.__init__"][:3] == ["self", "num_embeddings", "embedding_dim"]
     assert sig["deepseek_v2.DeepseekV2MoE.__init__"][:3] == ["self", "config", "layer_id"]
+    assert sig["PrefillBootstrapQueue.add"] == ["self", "req", "num_kv_heads"]
+    assert sig["disaggregation.utils.prepare_abort"] == ["req", "error_message", "status_code"]
+    assert sig["disaggregation.utils.is_unadmitted_reject"] == ["req"]
 
 
 def test_sglang_code_the_prefill_truncation_relies_on(report):
     assert report["relied_on"] == {fact: True for fact in report["relied_on"]}
-    assert len(report["relied_on"]) == 15
+    assert len(report["relied_on"]) == 19
 
 
 def test_engram_tables_other_than_flash_need_their_vocab_size():

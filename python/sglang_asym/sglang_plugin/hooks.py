@@ -15,6 +15,11 @@ Scheduler hooks:
   disaggregation.utils.setup_state_kv_args
                             AFTER   both roles: the PD registration of asym_registration.py (layer ids
                                     on every entry; the prefill role registers only its payload)
+  disaggregation.prefill.PrefillBootstrapQueue.add
+                            AROUND  asym-prefill: cuts each fresh request to its first B = N - W
+                                    tokens (prefill_cut.py) before SGLang checks capacity, creates
+                                    the KV sender and queues it; N <= W is refused with an HTTP 501
+                                    (the zero-compute completion is not written yet)
 
 `prepare_server_args` is what both `python -m sglang.launch_server` and `sglang serve` call after
 `load_plugins()`; HookRegistry also rebinds the stale `from ... import prepare_server_args` copy
@@ -23,6 +28,8 @@ that `sglang.launch_server` (run as __main__) holds.
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
 from typing import Any, Callable
 
@@ -30,6 +37,7 @@ from ..config import V41Config
 from . import cpu_handover
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
+from .prefill_cut import cut_request, prefill_cut_for, prompt_len_of, zero_compute_refusal
 from .prefill_model import install_prefill_loading, truncated_construction
 from .prefill_role import PrefillRole
 from .settings import attach, settings_of
@@ -42,8 +50,11 @@ PREPARE_SERVER_ARGS = f"{SERVER_ARGS}.prepare_server_args"
 PUBLISH = "sglang.srt.runtime_context.publish"
 INITIALIZE_MODEL = "sglang.srt.model_loader.loader._initialize_model"
 SETUP_STATE_KV_ARGS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
+PREFILL_QUEUE_ADD = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"
 SCHEDULER_ROLE = "scheduler"
 DIST_NAME = "sglang-asym"
+
+log = logging.getLogger(__name__)
 
 
 def after_add_cli_args(result: Any, parser: Any) -> None:
@@ -112,6 +123,41 @@ def after_setup_state_kv_args(result: Any, kv_args: Any, token_to_kv_pool: Any, 
     apply_asym_registration(kv_args, token_to_kv_pool, V41Config.from_json_file(server_args.model_path), settings)
 
 
+@functools.lru_cache(maxsize=4)
+def _model_config(model_path: str) -> V41Config:
+    return V41Config.from_json_file(model_path)
+
+
+def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    from http import HTTPStatus
+
+    from sglang.srt.disaggregation.utils import is_unadmitted_reject, prepare_abort
+    from sglang.srt.runtime_context import get_server_args
+
+    settings = settings_of(get_server_args())
+    # unadmitted rejects carry a one-token stub SGLang retires; a re-queued request keeps its cut
+    if settings is None or not settings.is_prefill or is_unadmitted_reject(req) or prompt_len_of(req) is not None:
+        return original(queue, req, *args, **kwargs)
+    refusal = None
+    try:
+        cfg = _model_config(queue.scheduler.model_config.model_path)  # the model this scheduler serves
+        cut = prefill_cut_for(cfg, settings, len(req.origin_input_ids))
+        if cut.runs_forward:
+            cut_request(req, cut)
+        else:
+            refusal = (HTTPStatus.NOT_IMPLEMENTED, zero_compute_refusal(cut, settings))
+    except ValueError as exc:  # SplitError / PrefillCutError: a prompt this split cannot take
+        refusal = (HTTPStatus.BAD_REQUEST, f"sglang-asym: {exc}")
+    if refusal is None:
+        return original(queue, req, *args, **kwargs)
+    # as SGLang's own capacity refusal in this queue: nothing is held yet, the client gets the error
+    status, message = refusal
+    log.error("request %s refused: %s", req.rid, message)
+    prepare_abort(req, message, status_code=status)
+    queue.scheduler.output_streamer.stream_output([req], req.return_logprob)
+    return None
+
+
 def hook_table() -> tuple[tuple[str, Callable, str], ...]:
     """(target, hook, HookType name) for every hook; the canary tests check each target."""
     return (
@@ -127,6 +173,7 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
     return (
         (INITIALIZE_MODEL, around_initialize_model, "AROUND"),
         (SETUP_STATE_KV_ARGS, after_setup_state_kv_args, "AFTER"),
+        (PREFILL_QUEUE_ADD, around_prefill_queue_add, "AROUND"),
     )
 
 

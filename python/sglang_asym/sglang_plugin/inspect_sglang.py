@@ -36,6 +36,7 @@ def _signatures() -> dict[str, list[str]]:
     from sglang.srt.layers.engram import EngramHasher
     from sglang.srt.disaggregation import utils as disagg_utils
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.model_loader import loader
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -62,6 +63,9 @@ def _signatures() -> dict[str, list[str]]:
         "deepseek_v4.make_pp_layers": deepseek_v4.make_pp_layers,
         "deepseek_v4.ParallelLMHead.__init__": deepseek_v4.ParallelLMHead.__init__,
         "deepseek_v2.DeepseekV2MoE.__init__": deepseek_v4.deepseek_v2.DeepseekV2MoE.__init__,
+        "PrefillBootstrapQueue.add": PrefillBootstrapQueue.add,
+        "disaggregation.utils.prepare_abort": disagg_utils.prepare_abort,
+        "disaggregation.utils.is_unadmitted_reject": disagg_utils.is_unadmitted_reject,
     }
     return {name: list(pyinspect.signature(fn).parameters) for name, fn in callables.items()}
 
@@ -87,7 +91,21 @@ def _relied_on_code() -> dict[str, bool]:
         text = src(init)
         return text.index("kv_args.kv_layer_ids = build_kv_layer_ids(") < text.index("setup_state_kv_args(")
 
+    from sglang.srt.managers.scheduler import Scheduler
+
+    add = src(PrefillBootstrapQueue.add)
     return {
+        # the intake hook (prefill_cut.py) cuts before these read the prompt length
+        "prefill queue add: reject check, then create_sender, then queue":
+            add.index("is_unadmitted_reject(req)") < add.index("self.create_sender(req") < add.index("self.queue.append(req)"),
+        "create_sender checks capacity on len(req.origin_input_ids) before creating the sender":
+            "len(req.origin_input_ids) > self.max_input_len" in src(PrefillBootstrapQueue._check_if_req_exceed_kv_capacity)
+            and src(PrefillBootstrapQueue.create_sender).index("_check_if_req_exceed_kv_capacity")
+            < src(PrefillBootstrapQueue.create_sender).index("kv_sender_class("),
+        "pages to send are counted from len(req.origin_input_ids)":
+            "len(req.origin_input_ids) - decode_prefix_len" in src(PrefillBootstrapQueue._num_pages_to_send),
+        "prefill scheduler queues new requests through disagg_prefill_bootstrap_queue.add":
+            "self.disagg_prefill_bootstrap_queue.add(" in src(Scheduler._add_request_to_queue),
         "prefill and decode set kv_layer_ids before setup_state_kv_args":
             ids_then_state_args(PrefillBootstrapQueue._init_kv_manager)
             and ids_then_state_args(DecodePreallocQueue._init_kv_manager),
