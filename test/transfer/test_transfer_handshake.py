@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 from transfer_cases import COMPAT
 
 from sglang_asym.manifest import PayloadManifest, RowGroup
@@ -14,7 +15,8 @@ from sglang_asym.transfer import RowPool
 from sglang_asym.transfer.checksum import GroupChecksum, crc_rows
 from sglang_asym.transfer.decode_room import DecodeRoom, verify_completion
 from sglang_asym.transfer.messages import GroupDestination, TransferComplete, TransferRequest
-from sglang_asym.transfer.prefill_room import PrefillRoom, check_request, check_source_slots, write_entries
+from sglang_asym.transfer.prefill_room import (PrefillRoom, batch_entries, check_request, check_source_slots,
+                                                write_entries)
 from sglang_asym.transfer.runs import pack_runs
 
 MANIFEST = PayloadManifest((RowGroup("L20.kv", 288, 5), RowGroup("tails", 4096, 0)))
@@ -85,6 +87,27 @@ def test_write_entries_coalesce_both_sides() -> None:
     src, dst, lengths = write_entries(r, POOLS["L20.kv"], "L20.kv", 2, 4)
     assert (src.tolist(), lengths.tolist()) == ([base + 6 * 288, base + 20 * 288], [288, 288])
     assert np.asarray(dst).dtype == np.uint64
+
+
+def test_batch_entries_equal_write_entries_and_never_span_two_ranges() -> None:
+    """Two groups whose pools lie back to back on both sides: the last row of one group and the
+    first row of the next are contiguous in memory, but must stay in separate entries."""
+    manifest = PayloadManifest((RowGroup("a", 16, 3), RowGroup("b", 16, 4)))
+    buffer = np.zeros(16 * 16, dtype=np.uint8)
+    pools = {"a": RowPool("a", torch.from_numpy(buffer[:64]).view(4, 16)),
+             "b": RowPool("b", torch.from_numpy(buffer[64:]).view(12, 16))}
+    r = PrefillRoom(3, manifest, {"a": np.array([1, 2, 3]), "b": np.array([0, 1, 5, 6])}, created_at=0.0)
+    r.request = TransferRequest(3, "tcp://d", "127.0.0.1:1", COMPAT, manifest, (
+        GroupDestination.for_slots("a", 1 << 40, 4, 16, np.array([1, 2, 3])),
+        GroupDestination.for_slots("b", (1 << 40) + 64, 12, 16, np.array([0, 1, 2, 3]))))
+    r.dest_slots = check_request(r, r.request)
+    ranges = [("a", 0, 2), ("a", 2, 3), ("b", 0, 4)]
+    src, dst, lengths = batch_entries(r, pools, ranges)
+    expected = [np.concatenate(parts) for parts in zip(*(write_entries(r, pools[g], g, s, e) for g, s, e in ranges))]
+    assert [src.tolist(), dst.tolist(), lengths.tolist()] == [e.tolist() for e in expected]
+    a, b = pools["a"].base_ptr, pools["b"].base_ptr
+    assert src.tolist() == [a + 16, a + 48, b, b + 80] and lengths.tolist() == [32, 16, 32, 32]
+    assert src.dtype == dst.dtype == lengths.dtype == np.uint64
 
 
 def test_decode_never_accepts_partial_or_wrong_rows() -> None:

@@ -2,12 +2,16 @@
 
 CRC32 (zlib) guards against partial, stale or misplaced writes (not against an adversary)
 and runs at memory-ish speed; rows are fed run by run, so non-contiguous slots cost one
-update per contiguous run.
+update per contiguous run. `RunningChecksums` folds rows in as they are handed over, on a
+thread pool (zlib releases the GIL), so the sum is ready when the last write returns.
 """
 
 from __future__ import annotations
 
+import threading
 import zlib
+from collections import deque
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +29,13 @@ class GroupChecksum:
 
 def crc_rows(pool: RowPool, slots: np.ndarray, crc: int = 0) -> int:
     """Continue `crc` over the rows held in `slots` (in the given order)."""
+    return crc_runs(pool, coalesce_slots(slots), crc)
+
+
+def crc_runs(pool: RowPool, runs: np.ndarray, crc: int = 0) -> int:
+    """Continue `crc` over the rows of `runs` ((first slot, number of slots) pairs, in order)."""
     view = pool.array
-    for start, length in coalesce_slots(slots):
+    for start, length in runs.tolist():
         crc = zlib.crc32(view[start:start + length].data, crc)
     return crc
 
@@ -35,8 +44,54 @@ def checksum_rows(pool: RowPool, group: str, slots: np.ndarray) -> GroupChecksum
     return GroupChecksum(group=group, rows=int(len(slots)), crc32=crc_rows(pool, slots))
 
 
-def crc_spans(pool: RowPool, slots: np.ndarray, spans: list[tuple[int, int]], crc: int) -> int:
-    """Continue `crc` over rows [s, e) of `slots` for each span, in order."""
-    for start, end in spans:
-        crc = crc_rows(pool, slots[start:end], crc)
-    return crc
+class RunningChecksums:
+    """Running CRC32 per group of one request over rows handed over in order (`add`), computed
+    on `executor`: the ranges of one group are folded one after another, groups in parallel."""
+
+    def __init__(self, executor: Executor, pools: dict[str, RowPool], slots: dict[str, np.ndarray]):
+        self._executor, self._pools, self._slots = executor, pools, slots
+        self._cond = threading.Condition()
+        self._queued: dict[str, deque[tuple[int, int]]] = {g: deque() for g in slots}
+        self._busy: set[str] = set()           # groups with a drain task queued or running
+        self._crc = {g: 0 for g in slots}
+        self._rows = {g: 0 for g in slots}     # rows folded in so far
+        self._error: BaseException | None = None
+
+    def add(self, group: str, start: int, end: int) -> None:
+        """Fold rows [start, end) of `group` in after the rows added before (start must follow them)."""
+        with self._cond:
+            self._queued[group].append((start, end))
+            if group not in self._busy:
+                self._busy.add(group)
+                self._executor.submit(self._drain, group)
+
+    def _drain(self, group: str) -> None:
+        while True:
+            with self._cond:
+                if not self._queued[group] or self._error is not None:
+                    self._busy.discard(group)
+                    self._cond.notify_all()
+                    return
+                start, end = self._queued[group].popleft()
+                crc = self._crc[group]
+                if start != self._rows[group]:
+                    self._error = ValueError(f"group {group!r}: rows [{start}, {end}) do not follow row "
+                                             f"{self._rows[group]}")
+                    continue
+            try:
+                crc = crc_rows(self._pools[group], self._slots[group][start:end], crc)
+            except BaseException as exc:  # reported by result(); the room then fails
+                with self._cond:
+                    self._error = exc
+                continue
+            with self._cond:
+                self._crc[group], self._rows[group] = crc, end
+
+    def result(self, timeout_s: float | None = None) -> tuple[GroupChecksum, ...]:
+        """The sums once every added range is folded in (groups in the order given at creation)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._busy, timeout_s):
+                raise TimeoutError(f"checksums not done within {timeout_s} s")
+            if self._error is not None:
+                raise RuntimeError(f"checksum failed: {self._error!r}") from self._error
+            return tuple(GroupChecksum(g, self._rows[g], self._crc[g]) for g in self._slots)

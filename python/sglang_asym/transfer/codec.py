@@ -63,11 +63,18 @@ def decode(data: bytes) -> Any:
 
 
 def _to_wire(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    names = _field_names(type(value))
+    if names is not None:
+        return {n: _to_wire(getattr(value, n)) for n in names}
     if isinstance(value, tuple):
         return [_to_wire(v) for v in value]
     return value
+
+
+@functools.cache
+def _field_names(tp: type) -> tuple[str, ...] | None:
+    """Field names of a dataclass type (None for anything else), looked up once per type."""
+    return tuple(f.name for f in dataclasses.fields(tp)) if dataclasses.is_dataclass(tp) else None
 
 
 def _from_wire(tp: Any, value: Any, path: str) -> Any:

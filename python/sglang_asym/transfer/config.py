@@ -17,11 +17,11 @@ class TransferConfig:
     heartbeat_interval_s: float = 1.0    # D pings every P it waits on; P answers
     peer_timeout_s: float = 5.0          # silence after which a peer counts as dead or frozen
     quarantine_grace_s: float = 30.0     # failed rows stay unusable this long unless P confirms
-    write_timeout_s: int = 5             # Mooncake TCP timeouts, whole seconds (env, per process)
+    write_timeout_s: int = 5             # Mooncake TCP timeouts (env) and a write's no-progress bound, s
     max_batch_entries: int = 1024        # entries per batch write (coalesced runs)
     http_timeout_s: float = 5.0          # one bootstrap HTTP request
     tick_s: float = 0.02                 # service loop period (deadlines, heartbeats)
-    checksum_threads: int = 4            # CRC threads (zlib releases the GIL): overlap writes, split groups
+    checksum_threads: int = 4            # CRC threads (zlib releases the GIL): P's sums as rows come, D's by group
     finished_room_memory_s: float = 600.0  # how long late messages for a finished room are recognised
 
     def __post_init__(self) -> None:

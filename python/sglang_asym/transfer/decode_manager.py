@@ -1,9 +1,10 @@
 """Decode side: one DecodeTransferManager per worker process, one Receiver per request.
 
 The manager owns the destination pools (registered once) and their slot allocators. For a
-request it allocates slots, finds P through the bootstrap server, sends the handshake with
-the slot runs, and after P's TransferComplete re-computes the CRC of its destination rows
-before it reports Success. Rows of a failed room that P might still write are quarantined.
+request it allocates slots, finds P through the bootstrap server (once per P: afterwards the
+handshake leaves from create_receiver itself), sends the handshake with the slot runs, and
+after P's TransferComplete re-computes the CRC of its destination rows before it reports
+Success. Rows of a failed room that P might still write are quarantined.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from sglang_asym.transfer import bootstrap_client
 from sglang_asym.transfer.channel import Channel, PeerUnreachableError
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig, stall_threshold
-from sglang_asym.transfer.decode_room import DecodeRoom, destinations, verify_completion
+from sglang_asym.transfer.decode_room import DecodeRoom, destinations
 from sglang_asym.transfer.decode_slots import DecodeSlots
+from sglang_asym.transfer.decode_verifier import CompletionVerifier
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import DuplicateRoomError
 from sglang_asym.transfer.loops import ServiceLoop, TaskWorker
@@ -61,6 +63,7 @@ class DecodeTransferManager:
         self.channel = Channel(config.host)
         self._worker = TaskWorker("decode-transfer-worker")
         self._checksums = ThreadPoolExecutor(config.checksum_threads, thread_name_prefix="decode-crc")
+        self._verifier = CompletionVerifier(self.pools, self._checksums, self._conclude)
         self._loop = ServiceLoop("decode-transfer-service", self.channel, self._on_message, self._on_tick,
                                  config.tick_s)
 
@@ -75,7 +78,11 @@ class DecodeTransferManager:
             room = DecodeRoom(bootstrap_room, f"{bootstrap_host}:{bootstrap_port}", manifest,
                               self.slots.allocate(manifest), created_at=time.monotonic())
             self._rooms[bootstrap_room] = room
-        self._worker.submit(self._connect, room)
+            endpoint = self._endpoints.get(room.bootstrap_addr)
+            if endpoint is not None:  # a prefill we already know: no lookup, no hop through the worker
+                self._send_handshake(room, endpoint)
+        if endpoint is None:
+            self._worker.submit(self._connect, room)
         return Receiver(self, room)
 
     def abort(self, room: DecodeRoom, reason: str) -> None:
@@ -109,23 +116,24 @@ class DecodeTransferManager:
                 self._fail(room, f"cannot bootstrap with prefill at {room.bootstrap_addr}: {exc}",
                            writes_may_land=False)
             return
+        with self._lock:
+            if not room.state.is_terminal:
+                self._send_handshake(room, endpoint)
+
+    def _send_handshake(self, room: DecodeRoom, endpoint: str) -> None:
+        """Caller holds the lock."""
         logger.debug("bootstrap_room=%d: connecting to prefill at %s", room.room, endpoint)
         req = TransferRequest(room.room, self.channel.endpoint, self.engine.session_id, self.compat,
                               room.manifest, destinations(room, self.pools))
-        with self._lock:
-            if room.state.is_terminal:
-                return
-            room.peer, room.handshake_sent = endpoint, True
-            try:
-                self.channel.send(endpoint, req)
-            except PeerUnreachableError as exc:
-                self._fail(room, f"cannot reach prefill at {endpoint}: {exc}", writes_may_land=False)
+        room.peer, room.handshake_sent = endpoint, True
+        try:
+            self.channel.send(endpoint, req)
+        except PeerUnreachableError as exc:
+            self._fail(room, f"cannot reach prefill at {endpoint}: {exc}", writes_may_land=False)
 
-    def _verify(self, room: DecodeRoom, msg: TransferComplete) -> None:
-        started = time.perf_counter()
-        problem = verify_completion(room, msg, self.pools, self._checksums)
-        logger.debug("bootstrap_room=%d: verified %d rows in %.2f ms", room.room, room.manifest.total_rows,
-                     (time.perf_counter() - started) * 1e3)
+    def _conclude(self, room: DecodeRoom, msg: TransferComplete, problem: str | None) -> None:
+        """The verifier's verdict on P's completion (service thread or a CRC thread)."""
+        logger.debug("bootstrap_room=%d: verified %d rows: %s", room.room, room.manifest.total_rows, problem or "ok")
         with self._lock:
             if room.state.is_terminal:
                 return
@@ -179,7 +187,7 @@ class DecodeTransferManager:
             elif isinstance(msg, TransferComplete) and not room.verifying:
                 logger.debug("bootstrap_room=%d: completion received", room.room)
                 room.verifying, room.state = True, KVPoll.Transferring
-                self._worker.submit(self._verify, room, msg)
+                self._verifier.start(room, msg)
 
     def _heard(self, endpoint: str | None) -> None:
         self._unanswered_since.pop(endpoint, None)

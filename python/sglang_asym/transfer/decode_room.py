@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from sglang_asym.transfer.checksum import crc_rows
 from sglang_asym.transfer.messages import GroupDestination, TransferComplete
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
+from sglang_asym.transfer.runs import coalesce_slots, pack_runs
 
 
 @dataclass
@@ -28,28 +29,47 @@ class DecodeRoom:
     accepted_at: float = 0.0
     verifying: bool = False
     finished_at: float = 0.0         # monotonic time of Success / Failed
+    dest_runs: dict[str, np.ndarray] = field(default_factory=dict)  # dest_slots coalesced (for the CRC re-read)
+
+    def runs(self, group: str) -> np.ndarray:
+        if group not in self.dest_runs:
+            self.dest_runs[group] = coalesce_slots(self.dest_slots[group])
+        return self.dest_runs[group]
 
 
 def destinations(room: DecodeRoom, pools: dict[str, RowPool]) -> tuple[GroupDestination, ...]:
     return tuple(
-        GroupDestination.for_slots(g.name, pools[g.name].base_ptr, pools[g.name].num_slots, g.row_bytes,
-                                   room.dest_slots[g.name])
+        GroupDestination(g.name, pools[g.name].base_ptr, pools[g.name].num_slots, g.row_bytes,
+                         pack_runs(room.runs(g.name)))
         for g in room.manifest.groups)
 
 
-def verify_completion(room: DecodeRoom, msg: TransferComplete, pools: dict[str, RowPool],
-                      executor: Executor) -> str | None:
-    """None when every group has all its rows and their CRC matches P's; else the reason.
-    The destination rows are re-read now, after the last write: this checks their final state."""
+def completion_problem(room: DecodeRoom, msg: TransferComplete) -> str | None:
+    """What is wrong with the completion's shape (groups, row counts), before any row is read."""
     names = [g.name for g in room.manifest.groups]
     if [c.group for c in msg.checksums] != names:
         return f"completion covers groups {[c.group for c in msg.checksums]}, manifest has {names}"
     for g, c in zip(room.manifest.groups, msg.checksums):
         if c.rows != g.num_rows:
             return f"partial transfer: group {g.name!r} has {c.rows} of {g.num_rows} rows"
-    crcs = [executor.submit(crc_rows, pools[g.name], room.dest_slots[g.name]) for g in room.manifest.groups]
-    for g, c, crc in zip(room.manifest.groups, msg.checksums, (f.result() for f in crcs)):
-        if crc != c.crc32:
-            return (f"checksum mismatch in group {g.name!r}: destination rows crc32={crc:#010x}, "
+    return None
+
+
+def crc_problem(msg: TransferComplete, crcs: dict[str, int]) -> str | None:
+    """The first group whose destination CRC differs from P's, as a reason; None if all match."""
+    for c in msg.checksums:
+        if crcs[c.group] != c.crc32:
+            return (f"checksum mismatch in group {c.group!r}: destination rows crc32={crcs[c.group]:#010x}, "
                     f"prefill sent crc32={c.crc32:#010x}")
     return None
+
+
+def verify_completion(room: DecodeRoom, msg: TransferComplete, pools: dict[str, RowPool],
+                      executor: Executor) -> str | None:
+    """None when every group has all its rows and their CRC matches P's; else the reason.
+    The destination rows are re-read now, after the last write: this checks their final state."""
+    problem = completion_problem(room, msg)
+    if problem is not None:
+        return problem
+    futures = {g.name: executor.submit(crc_rows, pools[g.name], room.dest_slots[g.name]) for g in room.manifest.groups}
+    return crc_problem(msg, {name: f.result() for name, f in futures.items()})

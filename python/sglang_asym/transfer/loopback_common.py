@@ -39,8 +39,8 @@ def make_pools(compat: TransferCompat, capacities: dict[str, int]) -> dict[str, 
     return {n: RowPool.zeros(n, c, compat.row_format(n).row_bytes) for n, c in capacities.items()}
 
 
-def wait_for(handle, states: list[int], timeout_s: float) -> tuple[int, str, float]:
+def wait_for(handle, states: list[int], timeout_s: float, interval_s: float = 0.0002) -> tuple[int, str, float]:
     start = time.monotonic()
     while handle.poll() not in states and time.monotonic() - start < timeout_s:
-        time.sleep(0.0002)
+        time.sleep(interval_s)
     return int(handle.poll()), handle.failure_reason, time.monotonic() - start

@@ -79,6 +79,7 @@ class PrefillTransferManager:
         slots = check_source_slots(manifest, source_slots, self.pools)
         now = time.monotonic()
         room = PrefillRoom(bootstrap_room, manifest, slots, created_at=now)
+        room.checksums = self._writer.checksums_for(room)
         with self._lock:
             if bootstrap_room in self._rooms:
                 raise DuplicateRoomError(f"bootstrap_room={bootstrap_room} is already active on this prefill worker")
@@ -94,9 +95,11 @@ class PrefillTransferManager:
 
     def send_rows(self, room: PrefillRoom, group: str, row_start: int, row_end: int) -> None:
         with self._lock:
-            if room.declare_rows(group, row_start, row_end) and room.bound:
-                room.state = KVPoll.Transferring
-                self._writer.queue_rows(room)
+            if room.declare_rows(group, row_start, row_end):
+                room.checksums.add(group, row_start, row_end)  # summed now, while the rows wait or fly
+                if room.bound:
+                    room.state = KVPoll.Transferring
+                    self._writer.queue_rows(room)
 
     def finish(self, room: PrefillRoom) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sglang_asym.manifest import PayloadManifest
+from sglang_asym.transfer.checksum import RunningChecksums
 from sglang_asym.transfer.messages import GroupDestination, TransferRequest
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
@@ -29,7 +30,7 @@ class PrefillRoom:
     flush_queued: bool = False                       # a write task for pending_ranges is queued
     finished: bool = False
     written: dict[str, int] = field(default_factory=dict)    # rows the engine confirmed, per group
-    crcs: dict[str, int] = field(default_factory=dict)
+    checksums: RunningChecksums | None = None        # CRCs of the declared rows, folded in as they come
     pending_tasks: int = 0                           # worker tasks queued or running for this room
     write_failed: bool = False                       # a -1 happened: a late write may still land on D
 
@@ -37,7 +38,6 @@ class PrefillRoom:
         for g in self.manifest.groups:
             self.declared[g.name] = 0
             self.written[g.name] = 0
-            self.crcs[g.name] = 0
 
     @property
     def bound(self) -> bool:
@@ -131,6 +131,31 @@ def write_entries(room: PrefillRoom, pool: RowPool, group: str, start: int, end:
     src_ptrs = (np.uint64(pool.base_ptr) + src_runs.astype(np.uint64) * np.uint64(rb))
     dst_ptrs = (np.uint64(dest.base_ptr) + dst_runs.astype(np.uint64) * np.uint64(rb))
     return src_ptrs, dst_ptrs, counts.astype(np.uint64) * np.uint64(rb)
+
+
+def batch_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tuple[str, int, int]]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`write_entries` of several (group, start, end) ranges, concatenated, in one vectorised pass:
+    a run continues while both addresses advance by one row and never crosses a range (pools of
+    two groups may lie next to each other in memory, but an entry must stay inside one)."""
+    if len(ranges) == 1:
+        g, s, e = ranges[0]
+        return write_entries(room, pools[g], g, s, e)
+    src, dst, step = [], [], []
+    for g, s, e in ranges:
+        rb = np.uint64(pools[g].row_bytes)
+        src.append(room.source_slots[g][s:e].astype(np.uint64) * rb + np.uint64(pools[g].base_ptr))
+        dst.append(room.dest_slots[g][s:e].astype(np.uint64) * rb + np.uint64(room.destination(g).base_ptr))
+        step.append(np.full(e - s, rb, dtype=np.uint64))
+    src_a, dst_a, rb_a = np.concatenate(src), np.concatenate(dst), np.concatenate(step)
+    new_run = np.empty(len(src_a), dtype=bool)
+    new_run[0] = True
+    new_run[1:] = (src_a[1:] != src_a[:-1] + rb_a[:-1]) | (dst_a[1:] != dst_a[:-1] + rb_a[:-1])
+    new_run[np.cumsum([e - s for _, s, e in ranges[:-1]])] = True
+    first = np.flatnonzero(new_run)
+    ends = np.empty_like(first)
+    ends[:-1], ends[-1] = first[1:], len(src_a)
+    return src_a[first], dst_a[first], (ends - first).astype(np.uint64) * rb_a[first]
 
 
 def _describe(manifest: PayloadManifest) -> str:

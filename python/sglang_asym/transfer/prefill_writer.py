@@ -3,7 +3,9 @@ tell D about a failure once no write of ours can still be in flight.
 
 All tasks of all rooms run on one FIFO worker, so a room's writes precede its completion
 and its failure notice. Rows handed to send_rows while a write is running accumulate and go
-out together in the next batch (adaptive batching: fewer, larger engine calls).
+out together in the next batch (adaptive batching: fewer, larger engine calls). Their CRCs
+are folded in on a thread pool from the moment send_rows hands them over, so the completion
+goes out as soon as the last write returns.
 """
 
 from __future__ import annotations
@@ -14,17 +16,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import numpy as np
-
 from sglang_asym.transfer.channel import Channel, PeerUnreachableError
-from sglang_asym.transfer.checksum import GroupChecksum, crc_spans
+from sglang_asym.transfer.checksum import RunningChecksums
 from sglang_asym.transfer.config import TransferConfig
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import UnregisteredMemoryError, WriteFailedError
 from sglang_asym.transfer.loops import TaskWorker
 from sglang_asym.transfer.messages import PrefillFailed, TransferComplete
 from sglang_asym.transfer.poll import KVPoll
-from sglang_asym.transfer.prefill_room import PrefillRoom, write_entries
+from sglang_asym.transfer.prefill_room import PrefillRoom, batch_entries
 from sglang_asym.transfer.row_pool import RowPool
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ class PrefillWriter:
         self._lock, self._fail = lock, fail
         self._worker = TaskWorker("prefill-transfer-worker")
         self._checksums = ThreadPoolExecutor(config.checksum_threads, thread_name_prefix="prefill-crc")
+
+    def checksums_for(self, room: PrefillRoom) -> RunningChecksums:
+        return RunningChecksums(self._checksums, self._pools, room.source_slots)
 
     # ---- scheduling (caller holds the lock) ----------------------------------------------
     def queue_rows(self, room: PrefillRoom) -> None:
@@ -75,42 +78,44 @@ class PrefillWriter:
             if room.state == KVPoll.Failed or not ranges:
                 return
             session = room.request.decode_session
-            parts = [write_entries(room, self._pools[g], g, s, e) for g, s, e in ranges]
-            spans: dict[str, list[tuple[int, int]]] = {}
-            for g, s, e in ranges:
-                spans.setdefault(g, []).append((s, e))
-            start_crcs = {g: room.crcs[g] for g in spans}
-        what = ", ".join(f"group {g!r} rows [{s}, {e})" for g, s, e in ranges)
-        src, dst, lengths = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        # CRCs read the same source rows while the engine sends them (the write releases the GIL;
-        # starting them earlier would make this thread queue for the GIL behind them).
-        crcs = {g: self._checksums.submit(crc_spans, self._pools[g], room.source_slots[g], sp, start_crcs[g])
-                for g, sp in spans.items()}
+            src, dst, lengths = batch_entries(room, self._pools, ranges)
         started = time.perf_counter()
         try:
             self._engine.write(session, src, dst, lengths, max_entries=self._config.max_batch_entries)
         except UnregisteredMemoryError as exc:
             with self._lock:
-                self._fail(room, f"refusing to write {what}: {exc}")
+                self._fail(room, f"refusing to write {_describe(ranges)}: {exc}")
             return
         except WriteFailedError as exc:
             with self._lock:
                 room.write_failed = True
-                self._fail(room, f"writing {what} to decode failed: {exc}")
+                self._fail(room, f"writing {_describe(ranges)} to decode failed: {exc}")
             return
-        wrote = time.perf_counter() - started
         with self._lock:
-            for g, sp in spans.items():
-                room.crcs[g], room.written[g] = crcs[g].result(), sp[-1][1]
-        logger.debug("bootstrap_room=%d: wrote %d B in %d entries in %.2f ms (+%.2f ms for the CRCs)", room.room,
-                     int(lengths.sum()), len(lengths), wrote * 1e3, (time.perf_counter() - started - wrote) * 1e3)
+            for g, _, e in ranges:
+                room.written[g] = e
+        logger.debug("bootstrap_room=%d: wrote %d B in %d entries in %.2f ms", room.room, int(lengths.sum()),
+                     len(lengths), (time.perf_counter() - started) * 1e3)
 
     def _complete(self, room: PrefillRoom) -> None:
         with self._lock:
             if room.state == KVPoll.Failed:
                 return
-            sums = tuple(GroupChecksum(g.name, room.written[g.name], room.crcs[g.name]) for g in room.manifest.groups)
             endpoint = room.request.decode_endpoint
+        try:  # every row was declared before finish(): this waits only for the CRC still running
+            sums = room.checksums.result(timeout_s=self._config.waiting_timeout_s)
+        except (RuntimeError, TimeoutError) as exc:
+            with self._lock:
+                self._fail(room, f"cannot checksum the source rows: {exc}")
+            return
+        with self._lock:
+            if room.state == KVPoll.Failed:
+                return
+            unwritten = [f"{c.group} ({room.written[c.group]}/{c.rows})" for c in sums
+                         if room.written[c.group] != c.rows]
+            if unwritten:  # cannot happen: FIFO puts every write before the completion
+                self._fail(room, f"internal error: completion before rows were written: {unwritten}")
+                return
         try:
             self._channel.send(endpoint, TransferComplete(room.room, sums))
         except PeerUnreachableError as exc:
@@ -128,3 +133,7 @@ class PrefillWriter:
     def stop(self) -> None:
         self._worker.stop()
         self._checksums.shutdown()
+
+
+def _describe(ranges: list[tuple[str, int, int]]) -> str:
+    return ", ".join(f"group {g!r} rows [{s}, {e})" for g, s, e in ranges)

@@ -3,6 +3,8 @@
 A LIFO free list: a fresh allocator hands out 0, 1, 2, ... but after frees the order
 follows the frees, so one allocation may be non-contiguous (the transfer coalesces runs).
 An ownership mask catches double frees and lets `check_consistent` prove nothing leaked.
+The free list is a numpy stack, so allocating a long prompt's rows is one slice, not a
+Python list of ints.
 """
 
 from __future__ import annotations
@@ -20,27 +22,28 @@ class SlotAllocator:
             raise ValueError(f"SlotAllocator {name!r}: capacity must be positive, got {capacity}")
         self.name = name
         self.capacity = capacity
-        self._free = list(range(capacity - 1, -1, -1))  # pop() takes the lowest first
+        self._stack = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # free slots; the top is the end
+        self._top = capacity                                            # number of free slots
         self._owned = np.zeros(capacity, dtype=bool)
         self._lock = threading.Lock()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._top
 
     @property
     def num_allocated(self) -> int:
-        return self.capacity - len(self._free)
+        return self.capacity - self._top
 
     def allocate(self, n: int) -> np.ndarray:
         if n < 0:
             raise ValueError(f"cannot allocate {n} slots")
         with self._lock:
-            if n > len(self._free):
+            if n > self._top:
                 raise SlotsExhaustedError(
-                    f"pool {self.name!r}: need {n} slots, {len(self._free)} of {self.capacity} free")
-            taken = np.array(self._free[len(self._free) - n:][::-1], dtype=np.int64)
-            del self._free[len(self._free) - n:]
+                    f"pool {self.name!r}: need {n} slots, {self._top} of {self.capacity} free")
+            taken = self._stack[self._top - n:self._top][::-1].copy()
+            self._top -= n
             self._owned[taken] = True
             return taken
 
@@ -54,12 +57,13 @@ class SlotAllocator:
             if len(np.unique(slots)) != len(slots) or not self._owned[slots].all():
                 raise ValueError(f"pool {self.name!r}: double free or free of a slot never allocated")
             self._owned[slots] = False
-            self._free.extend(int(s) for s in slots[::-1])
+            self._stack[self._top:self._top + len(slots)] = slots[::-1]
+            self._top += len(slots)
 
     def check_consistent(self) -> None:
         """Every slot is either free (exactly once) or owned, never both."""
         with self._lock:
-            free = np.asarray(self._free, dtype=np.int64)
+            free = self._stack[:self._top]
             if len(np.unique(free)) != len(free):
                 raise AssertionError(f"pool {self.name!r}: a slot is on the free list twice")
             if self._owned[free].any():
