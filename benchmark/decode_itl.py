@@ -4,9 +4,14 @@ The decode worker's real loop (`runtime.engine.decode_loop.DecodeLoop`) on the s
 R requests decode steadily; then a burst of new requests (prefix states already transferred)
 arrives at once. Measured in ONE run for both policies, side by side: p50/p99 ITL of the running
 requests in the steady phase and in the burst phase, and TTFT of the burst requests.
-Writes benchmark/results/decode_itl.json and decode_itl.png.
+Every step is one batched forward over all its requests' rows. The budget policy runs each window in
+chunks of at most --window-chunk rows, sized to the token budget (running + chunk) left beside the
+decode rows, one request's window after the other; admit-all runs every waiting window whole at once.
+Besides wall-clock ITL the JSON holds each step's process CPU time (p50/p99, steady vs burst steps):
+on a machine shared with other work the CPU ratio shows the policy's own cost.
+Writes decode_itl.json and decode_itl.png into --out-dir (default benchmark/results).
 
-    .venv/bin/python benchmark/decode_itl.py [--running 16] [--burst 8] [--prompt-len 256]
+    .venv/bin/python benchmark/decode_itl.py [--running 16] [--burst 8] [--prompt-len 256] [--window-chunk 8]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from sglang_asym.split import SplitPlan
 from sglang_asym.verify import Models, random_prompt
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RUNNING_TOKENS = 4000  # token limit of the running requests (never reached in a run)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -62,17 +68,24 @@ class Recorder:
 def run_policy(models: Models, policy: str, args, prefixes) -> dict:
     cfg = models.full.cfg
     total = args.running + args.burst
+    chunk = args.window_chunk if policy == "budget" else None  # admit-all: whole windows
     sched = SchedulerConfig(token_budget=args.running + (args.window_chunk if policy == "budget" else 128),
-                            max_window_rows_per_step=128,
-                            max_running=total, num_draft_tokens=0, window=128, mode="mixed", policy=policy)
-    steps = []
-    chunk = args.window_chunk if policy == "budget" else 128
-    loop = DecodeLoop(models.full, models.full.new_cache_set(CacheSizing(total + 1, args.prompt_len + 400)),
-                      sched, cfg.eos_token_id, on_step=steps.append, window_chunk=chunk)
+                            max_window_rows_per_step=128, max_running=total, num_draft_tokens=0, window=128,
+                            mode="mixed", policy=policy, window_chunk=chunk)
+    steps, clocks = [], []  # StepRecords; (wall, process CPU) when each step ended
+
+    def on_step(record) -> None:
+        clocks.append((time.perf_counter(), time.process_time()))
+        steps.append(record)
+
+    # Running requests decode until the run ends: with chunked windows the start-up alone takes
+    # running * ceil(128 / chunk) steps, so their token limit (and cache) leaves room for far more.
+    sizing = CacheSizing(total + 1, args.prompt_len + RUNNING_TOKENS + 8, max_chunk_tokens=128)
+    loop = DecodeLoop(models.full, models.full.new_cache_set(sizing), sched, cfg.eos_token_id, on_step=on_step)
     rec = Recorder()
     loop.start()
     # running requests decode until the loop is stopped; the run ends once the burst is served
-    long_params = SamplingParams(max_new_tokens=300, temperature=0, ignore_eos=True)
+    long_params = SamplingParams(max_new_tokens=RUNNING_TOKENS, temperature=0, ignore_eos=True)
     burst_params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
     rec.expected_finish = {f"new{j}" for j in range(args.burst)}
     for i in range(args.running):
@@ -109,11 +122,22 @@ def run_policy(models: Models, policy: str, args, prefixes) -> dict:
             elif a < admissions_end:
                 burst_itl.append(b - a)
     ttft = [rec.times[f"new{j}"][0] - burst_at for j in range(args.burst)]
+    # process CPU per step (the loop is the only busy thread), classified like the ITL intervals: steps
+    # that ran in the steady phase vs steps that overlapped the admission of the burst
+    cpu_steady, cpu_burst = [], []
+    for (end, cpu), (start, cpu_before) in zip(clocks[1:], clocks):
+        if start >= all_running_at and end <= burst_at:
+            cpu_steady.append(cpu - cpu_before)
+        elif end > burst_at and start < admissions_end:
+            cpu_burst.append(cpu - cpu_before)
     return {
         "policy": policy, "window_chunk": chunk, "token_budget": sched.token_budget,
         "steady_p50_ms": 1000 * percentile(steady_itl, 50), "steady_p99_ms": 1000 * percentile(steady_itl, 99),
         "burst_p50_ms": 1000 * percentile(burst_itl, 50), "burst_p99_ms": 1000 * percentile(burst_itl, 99),
         "ttft_mean_ms": 1000 * statistics.mean(ttft), "ttft_max_ms": 1000 * max(ttft),
+        "step_cpu_ms": {"steady_p50": 1000 * percentile(cpu_steady, 50), "steady_p99": 1000 * percentile(cpu_steady, 99),
+                        "burst_p50": 1000 * percentile(cpu_burst, 50), "burst_p99": 1000 * percentile(cpu_burst, 99),
+                        "steady_steps": len(cpu_steady), "burst_steps": len(cpu_burst)},
         "steps": [{"shape": s.shape, "decode_rows": s.decode_rows, "window_rows": s.window_rows,
                    "seconds": round(s.seconds, 4)} for s in steps],
         "counters": str(loop.scheduler.counters),
@@ -150,9 +174,11 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--steady-steps", type=int, default=6)
     parser.add_argument("--tail-steps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--window-chunk", type=int, default=32,
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (the small model's ops are too small to gain from more)")
+    parser.add_argument("--window-chunk", type=int, default=8,
                         help="budget policy: window rows per step and request (admit-all runs whole windows)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON and the PNG go")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -180,11 +206,13 @@ def main() -> int:
         "goal_admit_all_exceeds": admit_all["burst_p99_ms"] > 1.5 * admit_all["steady_p99_ms"],
         "ttft_price_ms": {"policy_mean": budget["ttft_mean_ms"], "policy_max": budget["ttft_max_ms"],
                           "admit_all_mean": admit_all["ttft_mean_ms"], "admit_all_max": admit_all["ttft_max_ms"]},
+        "step_cpu_p99_ratio_burst_vs_steady": {
+            r["policy"]: r["step_cpu_ms"]["burst_p99"] / r["step_cpu_ms"]["steady_p99"] for r in results},
         "policies": [{k: v for k, v in r.items() if k not in ("itl_series",)} for r in results],
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "decode_itl.json").write_text(json.dumps(out, indent=1))
-    plot(results, RESULTS / "decode_itl.png")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "decode_itl.json").write_text(json.dumps(out, indent=1))
+    plot(results, args.out_dir / "decode_itl.png")
     print(json.dumps({k: v for k, v in out.items() if k != "policies"}, indent=1))
     return 0
 

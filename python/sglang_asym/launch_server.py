@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError
 from .config import ConfigError
-from .sched import SchedulerConfig
+from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
 from .split import Semantics
 
 MODES = ("null", "asym-prefill", "asym-decode", "prefill", "decode")
@@ -37,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-ib-device", default=None, help="accepted for SGLang compatibility (RDMA)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--asym-window", type=int, default=128)
-    p.add_argument("--asym-semantics", choices=[Semantics.ASYM_EXACT_ENCODER.value, Semantics.ASYM.value],
-                   default=Semantics.ASYM_EXACT_ENCODER.value)
+    p.add_argument("--asym-semantics", default=None,
+                   choices=[Semantics.ASYM_EXACT_ENCODER.value, Semantics.ASYM.value, Semantics.EXACT.value],
+                   help="default: asym-exact-encoder (null, asym-*), exact (prefill / decode: symmetric PD "
+                        "computes only that); exact on null is the full prompt forward, symmetric PD's reference")
     p.add_argument("--cache-quant", choices=["none", "release"], default="release")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=0)
     p.add_argument("--max-running-requests", type=int, default=8)
@@ -59,23 +61,53 @@ def validate(args: argparse.Namespace) -> None:
     if args.device == "cuda":
         raise SystemExit("error: the embedded runtime runs on --device cpu; CUDA serving goes through "
                          "`python -m sglang.launch_server` with the sglang-asym plugin")
-    if not 0 <= args.speculative_num_draft_tokens <= 7:
-        raise SystemExit(f"error: --speculative-num-draft-tokens must be in [0, 7], got {args.speculative_num_draft_tokens}")
-    if args.speculative_num_draft_tokens:
-        raise SystemExit("error: the embedded runtime serves plain decoding in this release; speculative decoding "
-                         "is available through sglang_asym.speculative (see README)")
+    if args.speculative_num_draft_tokens < 0:
+        raise SystemExit(f"error: --speculative-num-draft-tokens must be >= 0 (0 turns speculative decoding off), "
+                         f"got {args.speculative_num_draft_tokens}")
     if args.asym_window < 1 or args.max_running_requests < 1 or args.max_total_tokens < 2:
         raise SystemExit("error: --asym-window, --max-running-requests and --max-total-tokens must be positive")
+    from .runtime.engine.options import DEFAULT_SEMANTICS, check_mode_semantics
+
+    if args.asym_semantics is None:
+        args.asym_semantics = DEFAULT_SEMANTICS[args.disaggregation_mode].value
+    try:
+        check_mode_semantics(args.disaggregation_mode, args.asym_semantics)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if not Path(args.model_path).is_dir():
         raise SystemExit(f"error: --model-path {args.model_path} is not a checkpoint directory")
+    if args.speculative_num_draft_tokens:
+        validate_draft_tokens(args.model_path, args.speculative_num_draft_tokens)
+
+
+def validate_draft_tokens(model_path: str, k: int) -> None:
+    """k draft tokens per step need the checkpoint's DSpark drafter (its mtp.* weights), k <= its block."""
+    from .checkpoint import read_checkpoint_config
+    from .speculative import max_draft_tokens, missing_drafter_tensors
+
+    try:
+        cfg = read_checkpoint_config(Path(model_path))
+        missing = missing_drafter_tensors(model_path)
+    except (CheckpointError, ConfigError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    limit = min(max_draft_tokens(cfg.dspark_block_size), MAX_DRAFT_TOKENS)
+    if k > limit:
+        raise SystemExit(f"error: --speculative-num-draft-tokens must be in [0, {limit}] for this checkpoint (its "
+                         f"DSpark drafter proposes at most dspark_block_size={cfg.dspark_block_size} tokens a step; "
+                         f"0 turns speculative decoding off), got {k}")
+    if missing:
+        raise SystemExit(f"error: --speculative-num-draft-tokens {k} needs the DSpark drafter, but {model_path} has no "
+                         f"drafter weights: {len(missing)} mtp.* tensor(s) missing, e.g. {missing[:3]} "
+                         "(use --speculative-num-draft-tokens 0)")
 
 
 def engine_options(args: argparse.Namespace):
     from .runtime.engine.options import EngineOptions
 
-    budget = max(args.decode_token_budget, args.max_running_requests, args.asym_window)
+    k = args.speculative_num_draft_tokens
+    budget = max(args.decode_token_budget, args.max_running_requests * (1 + k), args.asym_window)
     sched = SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, args.asym_window),
-                            max_running=args.max_running_requests, num_draft_tokens=0, window=args.asym_window,
+                            max_running=args.max_running_requests, num_draft_tokens=k, window=args.asym_window,
                             mode=args.schedule_mode, policy=args.admission_policy)
     return EngineOptions(model_path=args.model_path, window=args.asym_window, semantics=args.asym_semantics,
                          cache_quant=args.cache_quant, max_running=args.max_running_requests,

@@ -17,13 +17,16 @@ p and q are `token_probs` of the target's and the drafter's logits under the sam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
 from .cache import RequestCache
 from .cache.request import JOURNAL_TOKENS, ROLLBACK_MARGIN_ROWS
-from .model.dspark import Chooser, Draft
+from .checkpoint import CheckpointError, dspark_tensor_specs, load_weights
+from .checkpoint.reader import CheckpointReader
+from .model.dspark import Chooser, Draft, DSparkDrafter
 from .model.model import V41Model
 
 # The widest verify step a request cache can roll back (compressor journal and window margin).
@@ -197,6 +200,31 @@ def prefill_for_drafting(target: V41Model, drafter: Drafter, cache: RequestCache
     return logits, state
 
 
+# ---- the drafter of a checkpoint -----------------------------------------------------------------------
+def max_draft_tokens(drafter_block_size: int) -> int:
+    """The largest k a server accepts: the drafter's block and the widest verify a cache can roll back."""
+    return min(drafter_block_size, MAX_VERIFY_WIDTH - 1)
+
+
+def missing_drafter_tensors(directory: str | Path) -> list[str]:
+    """The DSpark `mtp.*` tensors this checkpoint's config calls for that its files do not hold."""
+    reader = CheckpointReader(directory)
+    if reader.config.num_nextn_predict_layers < 1:
+        return ["mtp.* (config.json has num_nextn_predict_layers = 0: no draft blocks)"]
+    return [spec.name for spec in dspark_tensor_specs(reader.config) if spec.name not in reader.weight_map]
+
+
+def drafter_from_checkpoint(target: V41Model, directory: str | Path) -> DSparkDrafter:
+    """The checkpoint's DSpark drafter over an already loaded full target (sharing its embedding and head)."""
+    missing = missing_drafter_tensors(directory)
+    if missing:
+        raise CheckpointError(f"{directory}: speculative decoding needs the DSpark drafter's mtp.* weights; "
+                              f"{len(missing)} are missing, e.g. {missing[:3]}")
+    drafter = DSparkDrafter(target)
+    drafter.load_weights(load_weights(directory, sorted(drafter.expected_tensor_names()), progress=False))
+    return drafter
+
+
 # ---- one step ---------------------------------------------------------------------------------------
 def check_draft_len(k: Any, drafter: Drafter) -> None:
     limit = min(drafter.max_draft, MAX_VERIFY_WIDTH - 1)
@@ -267,6 +295,16 @@ def accept_sampled(draft_tokens: Sequence[int], draft_probs: torch.Tensor, targe
     return out
 
 
+def accept(draft_tokens: Sequence[int], draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+           sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> list[int]:
+    """The tokens a verify step emits: accept_greedy, or accept_sampled on the target's distributions."""
+    if sampling.greedy:
+        return accept_greedy(draft_tokens, target_logits)
+    if draft_probs is None:
+        raise ValueError("sampled drafts need the distributions they were drawn from (propose returns them)")
+    return accept_sampled(draft_tokens, draft_probs, token_probs(target_logits, sampling), generator)
+
+
 def commit(drafter: Drafter, req: SpecRequest, start: int, k: int, emitted: Sequence[int],
            captured: Mapping[int, torch.Tensor]) -> None:
     """After the verify forward over positions [start, start + 1 + k): keep the anchor and the accepted
@@ -292,10 +330,7 @@ def speculative_step(target: V41Model, drafter: Drafter, req: SpecRequest, k: in
     start = req.pos
     logits = verify(target, drafter, req, draft.tokens)
     captured = target.captured
-    if sampling.greedy:
-        emitted = accept_greedy(draft.tokens, logits)
-    else:
-        emitted = accept_sampled(draft.tokens, q, token_probs(logits, sampling), generator)
+    emitted = accept(draft.tokens, q, logits, sampling, generator)
     commit(drafter, req, start, k, emitted, captured)
     return emitted
 

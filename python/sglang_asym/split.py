@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 import torch
 
@@ -82,8 +83,8 @@ class SplitPlan:
             raise SplitError("semantics 'exact' cannot be split when N > W: the decode role never has the "
                              "decoder layers' window rows below B; use decoder-replay / asym-exact-encoder")
 
-    @property
-    def plan(self) -> LayerPlan:
+    @cached_property
+    def plan(self) -> LayerPlan:  # built once per split: it lists every tensor name (tens of ms on small)
         return LayerPlan.from_config(self.config)
 
     @property

@@ -6,10 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..cache import RequestCache
 from ..config import V41Config
 from ..layer_plan import LayerInfo
-from .attention import Attention, ChunkState
+from .attention import Attention, RowBatch
 from .compressor import Compressor, write_compressed_rows
 from .indexer import Indexer
 from .mhc import collapse, expand, site_mix
@@ -41,10 +40,10 @@ class Block(nn.Module):
         return site_mix(streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
                         getattr(self, f"hc_{site}_scale"), cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
 
-    def forward(self, streams: torch.Tensor, pre: torch.Tensor, state: ChunkState, cache: RequestCache,
+    def forward(self, streams: torch.Tensor, pre: torch.Tensor, batch: RowBatch,
                 quant: Quantizer) -> tuple[torch.Tensor, torch.Tensor]:
         attn_mix = self._mix(streams, "attn")
-        out = self.attn(self.attn_norm(collapse(streams, pre)), state, cache, quant)
+        out = self.attn(self.attn_norm(collapse(streams, pre)), batch, quant)
         streams = expand(out, streams, attn_mix)
         ffn_mix = self._mix(streams, "ffn")
         out = self.ffn(self.ffn_norm(collapse(streams, attn_mix.pre)))
@@ -68,8 +67,6 @@ class KVPathBlock(nn.Module):
         self.attn = _KVPathAttention(cfg, info, dtype)
         self.rope = RopeTable(cfg, compressed=True)
 
-    def forward(self, streams: torch.Tensor, pre: torch.Tensor, state: ChunkState, cache: RequestCache,
-                quant: Quantizer) -> None:
+    def forward(self, streams: torch.Tensor, pre: torch.Tensor, batch: RowBatch, quant: Quantizer) -> None:
         x = self.attn_norm(collapse(streams, pre))
-        write_compressed_rows(self.attn.compressor, self.attn.indexer, self.rope, quant, x,
-                              int(state.positions[0]), cache, self.info.index)
+        write_compressed_rows(self.attn.compressor, self.attn.indexer, self.rope, quant, x, batch, self.info.index)

@@ -8,6 +8,8 @@ mxfp4, after wk and k_norm)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -16,6 +18,9 @@ from ..cache import RequestCache, index_group, kv_group
 from ..config import V41Config
 from .primitives import RMSNorm, RopeTable, apply_rope, linear
 from .quant import Quantizer
+
+if TYPE_CHECKING:
+    from .attention import RowBatch
 
 
 class Compressor(nn.Module):
@@ -27,12 +32,17 @@ class Compressor(nn.Module):
         if ratio > 1:
             self.wgate = nn.Linear(cfg.hidden_size, cfg.head_dim, bias=False, dtype=torch.float32)
 
-    def latents(self, x: torch.Tensor, start: int, cache: RequestCache, owner: int) -> tuple[torch.Tensor, int]:
-        """Unrotated latent rows completed by tokens [start, start+T), and the first new row id."""
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Row-wise part: ratio 1 -> (latent rows, None); ratio 2 -> fp32 (values, gates) per token."""
         if self.ratio == 1:
-            return self.norm(linear(x, self.wkv.weight)), start
-        v = F.linear(x.float(), self.wkv.weight.float())
-        g = F.linear(x.float(), self.wgate.weight.float())
+            return self.norm(linear(x, self.wkv.weight)), None
+        return F.linear(x.float(), self.wkv.weight.float()), F.linear(x.float(), self.wgate.weight.float())
+
+    def pair_up(self, v: torch.Tensor, g: torch.Tensor, start: int, cache: RequestCache,
+                owner: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Ratio 2, one request's tokens [start, start+T): join the held tail, keep the new tail and the
+        rollback journal; returns the completed pairs' values and gates [pairs, 2, head_dim] and the
+        first new row id."""
         tail = cache.tail(owner)
         if tail is not None:
             if start % 2 != 1:
@@ -44,23 +54,43 @@ class Compressor(nn.Module):
         cache.record_pair_inputs(owner, first_token, v, g)
         pairs = v.shape[0] // 2
         cache.set_tail(owner, torch.stack((v[2 * pairs], g[2 * pairs])) if v.shape[0] % 2 else None)
-        v = v[: 2 * pairs].unflatten(0, (pairs, 2))
-        g = g[: 2 * pairs].unflatten(0, (pairs, 2))
-        pooled = (v * g.softmax(dim=1)).sum(dim=1).to(x.dtype)
-        return self.norm(pooled), first_token // 2
+        return v[: 2 * pairs].unflatten(0, (pairs, 2)), g[: 2 * pairs].unflatten(0, (pairs, 2)), first_token // 2
+
+    def pool(self, v: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Completed pairs [pairs, 2, head_dim] (any number of requests') -> normalized latent rows."""
+        return self.norm((v * g.softmax(dim=1)).sum(dim=1).to(dtype))
 
 
 def write_compressed_rows(compressor: Compressor, keys: nn.Module, rope: RopeTable, quant: Quantizer,
-                          x: torch.Tensor, start: int, cache: RequestCache, owner: int) -> None:
-    """Run owner's compressor over the chunk's attention inputs and append its finished rows.
+                          x: torch.Tensor, batch: RowBatch, owner: int) -> None:
+    """Run owner's compressor over a batch's attention inputs and append each request's finished rows.
     `keys` is the owner's indexer (its wk and k_norm turn latent rows into index keys)."""
-    latent, first_row = compressor.latents(x, start, cache, owner)
+    v, g = compressor.project(x)
+    pieces: list[tuple[RequestCache, int, int]] = []  # (cache, first new row, rows)
+    if compressor.ratio == 1:
+        latent = v
+        for seg in batch.segments:
+            pieces.append((seg.cache, seg.start, seg.rows.stop - seg.rows.start))
+    else:
+        pairs_v, pairs_g = [], []
+        for seg in batch.segments:
+            pv, pg, first_row = compressor.pair_up(v[seg.rows], g[seg.rows], seg.start, seg.cache, owner)
+            pairs_v.append(pv)
+            pairs_g.append(pg)
+            pieces.append((seg.cache, first_row, pv.shape[0]))
+        latent = compressor.pool(torch.cat(pairs_v), torch.cat(pairs_g), x.dtype)
     if latent.shape[0] == 0:
         return
-    row_positions = (torch.arange(latent.shape[0], device=x.device) + first_row) * compressor.ratio
-    angles = rope.angles(row_positions)
-    kv_rows = cache.rows(kv_group(owner))
-    if kv_rows.end != first_row:
-        raise RuntimeError(f"layer {owner}: compressed rows out of order ({kv_rows.end} stored, next {first_row})")
-    kv_rows.append(quant.main_kv(apply_rope(latent, angles)))
-    cache.rows(index_group(owner)).append(quant.index(apply_rope(keys.k_norm(keys.wk(latent)), angles)))
+    row_positions = torch.cat([torch.arange(first, first + n, device=x.device) for _, first, n in pieces])
+    angles = rope.angles(row_positions * compressor.ratio)
+    kv = quant.main_kv(apply_rope(latent, angles))
+    index_keys = quant.index(apply_rope(keys.k_norm(keys.wk(latent)), angles))
+    offset = 0
+    for cache, first_row, n in pieces:
+        if n:
+            kv_rows = cache.rows(kv_group(owner))
+            if kv_rows.end != first_row:
+                raise RuntimeError(f"layer {owner}: compressed rows out of order ({kv_rows.end} stored, next {first_row})")
+            kv_rows.append(kv[offset : offset + n])
+            cache.rows(index_group(owner)).append(index_keys[offset : offset + n])
+        offset += n

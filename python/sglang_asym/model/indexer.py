@@ -28,14 +28,18 @@ class Indexer(nn.Module):
             self.wk = nn.Linear(cfg.head_dim, self.dim, bias=False, dtype=dtype)
             self.k_norm = RMSNorm(self.dim, cfg.rms_norm_eps, dtype)
 
-    def scores(self, x: torch.Tensor, q_latent: torch.Tensor, angles: torch.Tensor, keys: torch.Tensor,
-               visible: torch.Tensor, quant: Quantizer) -> torch.Tensor:
-        """[T, rows] scores; -inf where row >= visible[t]."""
+    def queries(self, x: torch.Tensor, q_latent: torch.Tensor, angles: torch.Tensor,
+                quant: Quantizer) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row index queries [T, heads, dim] and head weights [T, heads] (row-wise: batchable)."""
         q = quant.index(apply_rope(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), angles))
         w = self.weights_proj(x) * (self.dim ** -0.5 * self.heads ** -0.5)
+        return q, w
+
+    def scores(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """[T, rows] scores of one request's queries over its keys; -inf where row >= visible[t]."""
         s = torch.einsum("thd,rd->thr", q, keys)
         s = (s.relu() * w.unsqueeze(-1)).sum(dim=1)
-        allowed = torch.arange(keys.shape[0], device=x.device) < visible.unsqueeze(-1)
+        allowed = torch.arange(keys.shape[0], device=q.device) < visible.unsqueeze(-1)
         return s.masked_fill(~allowed, -torch.inf)
 
     def candidate_blocks(self, scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

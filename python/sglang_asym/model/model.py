@@ -2,21 +2,24 @@
 
 One entry point, `forward(tokens, cache)`, runs a chunk of consecutive tokens on top of whatever the
 cache already holds; full prefill, chunked prefill, the window step and decode/verify steps are
-all this call (see `sglang_asym.model.steps`). `role='prefill'` builds the partial model of the
-asymmetric prefill worker: embeddings, encoder layers and the last KV source's KV/indexer path;
-its forward returns nothing and leaves compressed rows, index keys and tails in the cache."""
+all this call (see `sglang_asym.model.steps`). `forward_batch` runs several requests' chunks in one
+pass (the decode worker's steps); `forward` is a batch of one. `role='prefill'` builds the partial
+model of the asymmetric prefill worker: embeddings, encoder layers and the last KV source's
+KV/indexer path; its forward returns nothing and leaves compressed rows, index keys and tails in
+the cache."""
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
 
 import torch
 from torch import nn
 
-from ..cache import CacheSet, CacheSizing, RequestCache
+from ..cache import CacheSet, CacheSizing, RequestCache, kv_group, swa_group
 from ..config import ConfigError, V41Config
 from ..layer_plan import LayerPlan
-from .attention import ChunkState
+from .attention import ChunkState, RowBatch, Segment
 from .block import Block, KVPathBlock
 from .mhc import collapse
 from .primitives import RMSNorm
@@ -24,6 +27,30 @@ from .quant import Quantizer
 
 ModelRole = Literal["full", "prefill"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class SegmentInput:
+    """One request's chunk in a batched forward: tokens at [cache.pos, cache.pos + T) and what to return."""
+
+    tokens: torch.Tensor
+    cache: RequestCache
+    logits: str = "last"  # 'last' -> [V], 'all' -> [T, V], 'none' -> None
+    capture: tuple[int, ...] = ()  # layers whose stream-averaged inputs [T, hidden] come back in `captured`
+
+
+@dataclass(frozen=True)
+class SegmentOutput:
+    logits: torch.Tensor | None
+    captured: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class InvalidSegment(Exception):
+    """forward_batch input `index` cannot run (`error` says why); raised before any cache is changed."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(f"batch input {index}: {error}")
+        self.index, self.error = index, error
 
 
 class InvalidInput(ValueError):
@@ -111,33 +138,106 @@ class V41Model(nn.Module):
         """Run tokens at positions [cache.pos, cache.pos + T). logits: 'last' -> [V], 'all' -> [T, V],
         'none' -> None (the prefill role always returns None). `capture`: layer ids whose input
         streams, averaged over the streams ([T, hidden]), are left in `self.captured` (drafter features)."""
+        try:
+            out = self.forward_batch([SegmentInput(tokens, cache, logits, capture)])[0]
+        except InvalidSegment as exc:
+            raise exc.error from None
+        self.captured = out.captured
+        return out.logits
+
+    @torch.no_grad()
+    def forward_batch(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
+        """Several requests' chunks in one pass: embedding, projections, mHC, MoE, norms and the head run
+        over the concatenated rows; attention, compressors and indexers run per request on its own
+        cache. Each output equals what `forward` gives for that input alone."""
+        if not inputs:
+            raise ValueError("forward_batch needs at least one input")
+        seen: set[int] = set()
+        for i, item in enumerate(inputs):  # every input is checked before any cache changes
+            try:
+                self._check_input(item)
+                if id(item.cache) in seen:
+                    raise ValueError("one request cache appears twice in a batch")
+            except Exception as exc:
+                raise InvalidSegment(i, exc) from exc
+            seen.add(id(item.cache))
+        device = self.embed.weight.device
+        tokens = torch.cat([item.tokens for item in inputs]).to(device).long()
+        segments, positions, row = [], [], 0
+        for item in inputs:
+            n, start = item.tokens.numel(), item.cache.pos
+            pos = torch.arange(start, start + n, device=device)
+            positions.append(pos)
+            segments.append(Segment(slice(row, row + n), item.cache, ChunkState(positions=pos)))
+            row += n
+        batch = RowBatch(torch.cat(positions), segments)
+        streams = self.embed(tokens).unsqueeze(1).expand(-1, self.cfg.hc_mult, -1)
+        pre = torch.zeros(tokens.numel(), self.cfg.hc_mult, dtype=torch.float32, device=device)
+        pre[:, 0] = 1
+        wanted = set().union(*(item.capture for item in inputs))
+        captured: dict[int, torch.Tensor] = {}
+        ran = []
+        for block in self.layers:
+            ran.append(block.info.index)
+            if block.info.index in wanted:
+                captured[block.info.index] = streams.float().mean(dim=1).to(streams.dtype)
+            if isinstance(block, KVPathBlock):
+                block(streams, pre, batch, self.quant)
+                break
+            streams, pre = block(streams, pre, batch, self.quant)
+        self.layers_run = tuple(ran)  # layer ids the last forward executed (KV path counts as its layer)
+        self.captured = {}
+        for item, seg in zip(inputs, segments):
+            item.cache.pos = seg.start + item.tokens.numel()
+        logit_rows = [] if self.role == "prefill" else self._logit_rows(inputs, segments)
+        if logit_rows:
+            picked = torch.cat([rows for _, rows in logit_rows])
+            hidden = collapse(streams[picked], pre[picked])
+            head_out = nn.functional.linear(self.norm(hidden).float(), self.head.weight)
+        outputs, offset, by_input = [], 0, dict(logit_rows)
+        for i, item in enumerate(inputs):
+            seg_logits = None
+            if i in by_input:
+                n = by_input[i].numel()
+                seg_logits = head_out[offset : offset + n]
+                offset += n
+                if item.logits == "last":
+                    seg_logits = seg_logits[0]
+            outputs.append(SegmentOutput(seg_logits, {layer: captured[layer][segments[i].rows]
+                                                      for layer in item.capture}))
+        return outputs
+
+    def _check_input(self, item: SegmentInput) -> None:
+        cache = item.cache
         if cache.released:
             raise RuntimeError("cache was released")
         if cache.set.role != self.role:
             raise ValueError(f"a {cache.set.role}-role cache cannot serve a {self.role}-role model")
-        if logits not in ("last", "all", "none"):
-            raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
-        start = cache.pos
-        self.validate_tokens(tokens, start)
-        tokens = tokens.to(self.embed.weight.device).long()
-        state = ChunkState(positions=torch.arange(start, start + tokens.numel(), device=tokens.device))
-        streams = self.embed(tokens).unsqueeze(1).expand(-1, self.cfg.hc_mult, -1)
-        pre = torch.zeros(tokens.numel(), self.cfg.hc_mult, dtype=torch.float32, device=tokens.device)
-        pre[:, 0] = 1
-        ran = []
-        self.captured = {}
-        for block in self.layers:
-            ran.append(block.info.index)
-            if block.info.index in capture:
-                self.captured[block.info.index] = streams.float().mean(dim=1).to(streams.dtype)
-            if isinstance(block, KVPathBlock):
-                block(streams, pre, state, cache, self.quant)
-                break
-            streams, pre = block(streams, pre, state, cache, self.quant)
-        self.layers_run = tuple(ran)  # layer ids the last forward executed (KV path counts as its layer)
-        cache.pos = start + tokens.numel()
-        if self.role == "prefill" or logits == "none":
-            return None
-        hidden = collapse(streams if logits == "all" else streams[-1:], pre if logits == "all" else pre[-1:])
-        out = nn.functional.linear(self.norm(hidden).float(), self.head.weight)
-        return out if logits == "all" else out[0]
+        if item.logits not in ("last", "all", "none"):
+            raise ValueError(f"logits must be 'last', 'all' or 'none', got {item.logits!r}")
+        self.validate_tokens(item.tokens, cache.pos)
+        pos = cache.pos
+        for block in self.layers:  # the rows each layer extends must end where the new tokens start
+            layer = block.info.index
+            if not isinstance(block, KVPathBlock):
+                window = cache.groups.get(swa_group(layer))
+                if (window.end if window is not None else 0) != pos:
+                    raise RuntimeError(f"layer {layer}: window rows end at {0 if window is None else window.end}, "
+                                       f"the request is at position {pos}")
+            if block.info.owns_kv:
+                rows = cache.groups.get(kv_group(layer))
+                want = pos // block.info.ratio
+                if (rows.end if rows is not None else 0) != want:
+                    raise RuntimeError(f"layer {layer}: {0 if rows is None else rows.end} compressed rows stored, "
+                                       f"position {pos} needs {want}")
+
+    @staticmethod
+    def _logit_rows(inputs: Sequence[SegmentInput], segments: list[Segment]) -> list[tuple[int, torch.Tensor]]:
+        """(input index, batch row ids) of every row whose logits are asked for."""
+        out = []
+        for i, (item, seg) in enumerate(zip(inputs, segments)):
+            if item.logits == "all":
+                out.append((i, torch.arange(seg.rows.start, seg.rows.stop)))
+            elif item.logits == "last":
+                out.append((i, torch.tensor([seg.rows.stop - 1])))
+        return out

@@ -54,11 +54,31 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, indices = self.gate(x)
+        # (token, slot) pairs grouped by expert, tokens ascending inside a group: each expert runs once
+        # over its rows (of every request in a batch), and every token's contributions are summed in
+        # ascending expert order.
+        flat = indices.flatten()
+        order = torch.argsort(flat, stable=True)
+        token = order // indices.shape[1]
+        rows, pair_weights = x[token], weights.flatten()[order].unsqueeze(-1)
+        groups = [(self.experts[e], count) for e, count in
+                  enumerate(torch.bincount(flat, minlength=len(self.experts)).tolist()) if count]
+        # Per expert only its matmuls; the element-wise activation runs once over all pairs (row-wise, so
+        # each row's value is what Expert.activation gives it).
+        gates, ups, start = [], [], 0
+        for expert, count in groups:
+            part = rows[start : start + count]
+            gates.append(F.linear(part, expert.w1.weight))
+            ups.append(F.linear(part, expert.w3.weight))
+            start += count
+        gate = torch.cat(gates).float().clamp(max=self.limit)
+        up = torch.cat(ups).float().clamp(min=-self.limit, max=self.limit)
+        act = (F.silu(gate) * up * pair_weights).to(x.dtype)
+        outs, start = [], 0
+        for expert, count in groups:
+            outs.append(F.linear(act[start : start + count], expert.w2.weight))
+            start += count
         routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in torch.unique(indices).tolist():
-            token, slot = torch.where(indices == e)
-            expert = self.experts[e]
-            act = (expert.activation(x[token], self.limit) * weights[token, slot, None]).to(x.dtype)
-            routed.index_add_(0, token, expert.w2(act).float())
+        routed.index_add_(0, token, torch.cat(outs).float())
         shared = self.shared_experts.w2(self.shared_experts.activation(x, self.limit).to(x.dtype))
         return routed.to(x.dtype) + shared

@@ -1,6 +1,6 @@
 """Decode-worker step scheduling: window admission under a token budget, decode never starved, graph shapes."""
 
-from .bounds import max_admission_delay_steps, max_rows_per_step
+from .bounds import max_admission_delay_steps, max_rows_per_step, min_chunk_rows
 from .config import MAX_DRAFT_TOKENS, AdmitPolicy, GraphConfig, MixedBackend, SchedulerConfig, StepMode
 from .counters import SchedulerCounters
 from .graphs import (
@@ -46,5 +46,6 @@ __all__ = [
     "choose_window_graph",
     "max_admission_delay_steps",
     "max_rows_per_step",
+    "min_chunk_rows",
     "plan_step",
 ]

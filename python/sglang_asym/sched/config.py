@@ -103,6 +103,11 @@ class SchedulerConfig:
     # Aging: a queue head that has waited this many steps is admitted even over the token budget.
     max_wait_steps: int = 8
     max_waiting: int = 1024  # queue capacity; bounds how long the last request can wait
+    # Chunked windows: None runs every window whole in one step. An int c runs a window over several
+    # steps, at most c rows per step, each chunk sized to the token budget left beside the decode rows
+    # (the head of the queue finishes its window before the next request starts); a step then never
+    # exceeds the token budget and needs no aging (see plan.py). The admit_all policy runs whole windows.
+    window_chunk: int | None = None
     wait_timeout_s: float | None = None  # Scheduler.expire() drops requests waiting longer
     graphs: GraphConfig = field(default_factory=GraphConfig)
 
@@ -132,6 +137,10 @@ class SchedulerConfig:
         object.__setattr__(self, "mode", _coerce_enum(owner, "mode", StepMode, self.mode))
         object.__setattr__(self, "policy", _coerce_enum(owner, "policy", AdmitPolicy, self.policy))
         _check_int(owner, "max_wait_steps", self.max_wait_steps, 0)
+        if self.window_chunk is not None:
+            _check_int(owner, "window_chunk", self.window_chunk, 1)
+            if self.window_chunk > self.window:
+                raise ValueError(f"{owner}.window_chunk ({self.window_chunk}) must be <= window ({self.window})")
         _check_int(owner, "max_waiting", self.max_waiting, 1)
         if self.wait_timeout_s is not None:
             t = self.wait_timeout_s
@@ -139,6 +148,11 @@ class SchedulerConfig:
                 raise ValueError(f"{owner}.wait_timeout_s must be None or a finite number > 0, got {t!r}")
         if not isinstance(self.graphs, GraphConfig):
             raise TypeError(f"{owner}.graphs must be a GraphConfig, got {type(self.graphs).__name__}")
+
+    @property
+    def chunk_rows(self) -> int:
+        """The most window rows one request runs in one step."""
+        return self.window if self.window_chunk is None else self.window_chunk
 
     @property
     def verify_width(self) -> int:

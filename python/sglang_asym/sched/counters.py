@@ -27,7 +27,8 @@ class SchedulerCounters:
     window_rows: int = 0
     padding_rows: int = 0
     enqueued: int = 0
-    admitted: int = 0
+    admitted: int = 0  # requests whose window completed (they joined the running batch)
+    window_chunks: int = 0  # chunked windows: chunks that left part of a window waiting
     admitted_over_budget: int = 0
     finished: int = 0
     aborted_waiting: int = 0
@@ -51,7 +52,8 @@ class SchedulerCounters:
             decode_rows=self.decode_rows + plan.decode_rows,
             window_rows=self.window_rows + plan.window_rows,
             padding_rows=self.padding_rows + sum(g.padding_rows for g in graphs),
-            admitted=self.admitted + len(plan.admitted),
+            admitted=self.admitted + len(plan.admitted) - len(plan.partial),
+            window_chunks=self.window_chunks + len(plan.partial),
             admitted_over_budget=self.admitted_over_budget
             + sum(1 for d in plan.decisions if d.admitted and d.reason.over_budget),
         )

@@ -15,6 +15,9 @@ def explain_decision(d: AdmissionDecision, config: SchedulerConfig, queued_behin
     budget = f"{d.budget_left} of token budget {config.token_budget} left"
     if d.reason is AdmitReason.FITS:
         return f"admit {who}: fits, {budget}, {d.window_rows_left} window rows left"
+    if d.reason is AdmitReason.CHUNK:
+        return (f"admit {d.chunk_rows} rows of {who}: the rest waits at the head, {budget}, "
+                f"{d.window_rows_left} window rows left")
     if d.reason is AdmitReason.AGED:
         return f"admit {who} over the token budget ({budget}): waited >= max_wait_steps={config.max_wait_steps}"
     if d.reason is AdmitReason.NO_DECODE:

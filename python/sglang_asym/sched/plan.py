@@ -9,11 +9,20 @@ Budget policy, for one step:
     running (no inter-token latency to protect). The window-row bound is never exceeded: it is >= W.
 So a request with p requests ahead of it at arrival is admitted at most max_wait_steps + p steps after
 arrival, plus one step for every step in that span whose running batch had no free slot.
+
+Chunked windows (config.window_chunk = c): a request may be admitted for a chunk of its window. Going
+down the queue, each request gets min(rows left, c, budget left, window-row bound left) rows; if that is
+all it has left it is admitted whole (FITS) and the next one is considered, otherwise it runs a CHUNK
+and stays at its place in the queue, and admission stops there (so one request finishes its window
+before the next starts). A step never exceeds the token budget: with a free running slot at most
+max_running - 1 requests decode, and the config guarantees token_budget >= max_running * (1 + k), so
+the head always has at least 1 + k rows of budget and no aging is needed. A request's age restarts
+after each chunk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Sequence
 
@@ -25,6 +34,7 @@ class AdmitReason(str, Enum):
     """Why a waiting request was or was not admitted in a step."""
 
     FITS = "fits"  # within the remaining token budget and window-row bound
+    CHUNK = "chunk"  # chunked windows: a part of the window within the budget; the rest keeps waiting
     AGED = "aged"  # head that waited max_wait_steps: admitted over the token budget
     NO_DECODE = "no_decode"  # head admitted over the token budget: no running request to slow down
     ADMIT_ALL = "admit_all"  # admit_all policy
@@ -34,7 +44,8 @@ class AdmitReason(str, Enum):
 
     @property
     def admits(self) -> bool:
-        return self in (AdmitReason.FITS, AdmitReason.AGED, AdmitReason.NO_DECODE, AdmitReason.ADMIT_ALL)
+        return self in (AdmitReason.FITS, AdmitReason.CHUNK, AdmitReason.AGED, AdmitReason.NO_DECODE,
+                        AdmitReason.ADMIT_ALL)
 
     @property
     def over_budget(self) -> bool:
@@ -63,10 +74,22 @@ class AdmissionDecision:
     budget_left: int  # token budget left before this request (negative after an over-budget admission)
     window_rows_left: int  # window-row bound left before this request
     free_slots: int  # running slots left before this request
+    chunk_rows: int | None = None  # chunked windows: rows admitted this step (0 when held); None: unchunked
 
     @property
     def admitted(self) -> bool:
         return self.reason.admits
+
+    @property
+    def rows_admitted(self) -> int:
+        if not self.admitted:
+            return 0
+        return self.window_rows if self.chunk_rows is None else self.chunk_rows
+
+    @property
+    def completes_window(self) -> bool:
+        """Admitted with every row it had left: it joins the running batch after this step."""
+        return self.admitted and self.rows_admitted == self.window_rows
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,8 @@ class StepPlan:
     mode: StepMode
     token_budget: int
     decode: tuple[RunningRequest, ...]
+    # The admitted requests as they run this step: window_rows is the rows of this step (a chunk of the
+    # request's window when chunked windows admit only a part of it).
     admitted: tuple[WaitingRequest, ...]
     # One decision per admitted request, in order, then the decision that stopped admission (if any).
     decisions: tuple[AdmissionDecision, ...]
@@ -96,6 +121,11 @@ class StepPlan:
     @property
     def exceeds_budget(self) -> bool:
         return self.total_rows > self.token_budget
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        """Requests admitted for a chunk of their window only: they stay in the waiting queue."""
+        return tuple(d.request_id for d in self.decisions if d.admitted and not d.completes_window)
 
     @property
     def blocked(self) -> AdmissionDecision | None:
@@ -128,11 +158,24 @@ def _budget_reason(index: int, request: WaitingRequest, step: int, budget_left: 
     return AdmitReason.OVER_WINDOW_BOUND if not fits_window else AdmitReason.OVER_BUDGET
 
 
+def _chunk_decision(request: WaitingRequest, budget_left: int, window_left: int,
+                    config: SchedulerConfig) -> tuple[AdmitReason, int]:
+    """Chunked windows: (reason, rows admitted this step)."""
+    rows = min(request.window_rows, config.chunk_rows, budget_left, window_left)
+    if rows == request.window_rows:
+        return AdmitReason.FITS, rows
+    if rows >= 1:
+        return AdmitReason.CHUNK, rows
+    return (AdmitReason.OVER_WINDOW_BOUND if window_left < 1 else AdmitReason.OVER_BUDGET), 0
+
+
 def plan_step(
     running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], step: int, config: SchedulerConfig
 ) -> StepPlan:
     """Plan step `step` from the running requests and the waiting queue (oldest first)."""
     check_step_inputs(running, waiting, step, config)
+    if config.window_chunk is not None and config.policy is AdmitPolicy.BUDGET:
+        return _plan_chunked(running, waiting, step, config)
     decode = tuple(running)
     budget_left = config.token_budget - sum(r.q_len for r in decode)
     window_left = config.max_window_rows_per_step
@@ -154,4 +197,30 @@ def plan_step(
         budget_left -= request.window_rows
         window_left -= request.window_rows
         free_slots -= 1
+    return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))
+
+
+def _plan_chunked(running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], step: int,
+                  config: SchedulerConfig) -> StepPlan:
+    decode = tuple(running)
+    budget_left = config.token_budget - sum(r.q_len for r in decode)
+    window_left = config.max_window_rows_per_step
+    free_slots = config.max_running - len(decode)
+    admitted: list[WaitingRequest] = []
+    decisions: list[AdmissionDecision] = []
+    for request in waiting:
+        if free_slots == 0:
+            reason, rows = AdmitReason.NO_SLOT, 0
+        else:
+            reason, rows = _chunk_decision(request, budget_left, window_left, config)
+        decisions.append(AdmissionDecision(request.request_id, request.window_rows, request.age(step), reason,
+                                           budget_left, window_left, free_slots, chunk_rows=rows))
+        if not reason.admits:
+            break
+        admitted.append(replace(request, window_rows=rows))
+        budget_left -= rows
+        window_left -= rows
+        free_slots -= 1
+        if rows < request.window_rows:
+            break  # its rest waits at its place: nobody behind it starts a window this step
     return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))

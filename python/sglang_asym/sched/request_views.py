@@ -39,6 +39,8 @@ class WaitingRequest:
     window_rows: int
     arrival_step: int  # index of the first step it could have been admitted in
     arrival_time: float = 0.0  # caller's clock (seconds), only used for wait timeouts
+    # Chunked windows: the step that ran this request's latest chunk (window_rows is what is left).
+    last_chunk_step: int | None = None
 
     def __post_init__(self) -> None:
         _check_id("WaitingRequest", self.request_id)
@@ -57,10 +59,15 @@ class WaitingRequest:
         t = self.arrival_time
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
             raise InvalidRequestError(f"waiting request {self.request_id!r}: arrival_time must be finite, got {t!r}")
+        c = self.last_chunk_step
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < self.arrival_step):
+            raise InvalidRequestError(
+                f"waiting request {self.request_id!r}: last_chunk_step must be None or an int >= arrival_step, got {c!r}"
+            )
 
     def age(self, step: int) -> int:
-        """Steps this request has been passed over when `step` is planned."""
-        return step - self.arrival_step
+        """Steps this request has been passed over when `step` is planned (since its latest chunk, if any)."""
+        return step - (self.arrival_step if self.last_chunk_step is None else self.last_chunk_step + 1)
 
 
 def check_window_rows(request: WaitingRequest, config: SchedulerConfig) -> None:
@@ -107,6 +114,11 @@ def check_step_inputs(
         if w.arrival_step > step:
             raise InvalidRequestError(
                 f"waiting request {w.request_id!r} arrives at step {w.arrival_step}, after the planned step {step}"
+            )
+        if w.last_chunk_step is not None and (config.window_chunk is None or w.last_chunk_step >= step):
+            raise InvalidRequestError(
+                f"waiting request {w.request_id!r} ran a window chunk at step {w.last_chunk_step}, but the planned "
+                f"step is {step}" + ("" if config.window_chunk is not None else " and windows are not chunked")
             )
         if w.request_id in seen:
             raise InvalidRequestError(f"request id {w.request_id!r} appears twice among running/waiting requests")

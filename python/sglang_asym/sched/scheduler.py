@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from .config import SchedulerConfig
@@ -101,6 +101,19 @@ class Scheduler:
                      request_id, window_rows, self._next_step, len(self._waiting))
         return request
 
+    def add_running(self, request_id: str) -> RunningRequest:
+        """Join a request whose first token was sampled elsewhere (symmetric PD: the prefill worker ran the
+        whole prompt): it needs no window step and decodes from the next step on."""
+        if request_id in self._waiting or request_id in self._running:
+            state = RequestState.WAITING if request_id in self._waiting else RequestState.RUNNING
+            raise InvalidRequestError(f"request {request_id!r} is already {state.value}")
+        if len(self._running) >= self.config.max_running:
+            raise QueueFullError(f"cannot add {request_id!r}: {len(self._running)} requests already running "
+                                 f"(max_running={self.config.max_running})")
+        request = self._running[request_id] = RunningRequest(request_id, self.config.verify_width)
+        logger.debug("add running %r: %d running", request_id, len(self._running))
+        return request
+
     def step(self) -> ScheduledStep | None:
         """Plan the next step, move admitted requests into the running batch; None when there is nothing to run."""
         waiting = self.waiting
@@ -108,10 +121,16 @@ class Scheduler:
         if plan.shape is StepShape.IDLE:
             return None
         graphs = choose_graphs(plan, self.config)
+        partial = set(plan.partial)
         for request in plan.admitted:
-            del self._waiting[request.request_id]
+            rid = request.request_id
+            if rid in partial:  # a chunk of its window ran: the rest waits at the same place in the queue
+                left = self._waiting[rid].window_rows - request.window_rows
+                self._waiting[rid] = replace(self._waiting[rid], window_rows=left, last_chunk_step=plan.step)
+                continue
+            del self._waiting[rid]
             # The window step samples the first token and the drafts: next step it verifies 1 + k rows.
-            self._running[request.request_id] = RunningRequest(request.request_id, self.config.verify_width)
+            self._running[rid] = RunningRequest(rid, self.config.verify_width)
         self._counters = self._counters.with_step(plan, graphs)
         self._next_step += 1
         if logger.isEnabledFor(logging.DEBUG):
@@ -146,7 +165,8 @@ class Scheduler:
         return state
 
     def expire(self, now: float) -> tuple[WaitTimeout, ...]:
-        """Remove waiting requests that waited longer than wait_timeout_s at time `now` (caller's clock)."""
+        """Remove waiting requests that waited longer than wait_timeout_s at time `now` (caller's clock);
+        a request whose window already ran a chunk is under way and is not timed out."""
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
             raise ValueError(f"expire() needs a finite time, got {now!r}")
         timeout = self.config.wait_timeout_s
@@ -155,7 +175,7 @@ class Scheduler:
         expired = []
         for position, request in enumerate(self.waiting):
             waited = now - request.arrival_time
-            if waited > timeout:
+            if waited > timeout and request.last_chunk_step is None:  # a window already under way stays
                 expired.append(WaitTimeout(request.request_id, waited, request.age(self._next_step), timeout, position))
         for result in expired:
             del self._waiting[result.request_id]

@@ -8,6 +8,7 @@ import logging
 from typing import Any, AsyncIterator
 
 import torch
+from prometheus_client import Histogram
 
 from ...config import V41Config
 from ...split import SplitPlan
@@ -17,6 +18,7 @@ from ..metrics import EngineMetrics
 from .options import EngineOptions
 
 logger = logging.getLogger(__name__)
+_COMPUTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
 class EventStream:
@@ -45,6 +47,11 @@ class EngineBase:
     def __init__(self, cfg: V41Config, options: EngineOptions, mode_name: str) -> None:
         self.cfg, self.options, self.mode_name = cfg, options, mode_name
         self._metrics = EngineMetrics(options.model_path, self.role.value)
+        # The prefill side's compute per request (forwards + first-token draw), in this engine's registry.
+        self._prefill_compute = Histogram(
+            "sglang_asym:prefill_compute_seconds", "Prompt compute per request on the prefill side (P, or a "
+            "colocated server's prefix).", ("model_name", "role"), buckets=_COMPUTE_BUCKETS,
+            registry=self._metrics.registry).labels(model_name=options.model_path, role=self.role.value)
         self._healthy = True
 
     # ---- EngineClient surface -------------------------------------------------------------
@@ -58,6 +65,9 @@ class EngineBase:
 
     def health(self) -> bool:
         return self._healthy
+
+    def observe_prefill_compute(self, seconds: float) -> None:
+        self._prefill_compute.observe(seconds)
 
     def model_info(self) -> dict[str, Any]:
         return {"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"],

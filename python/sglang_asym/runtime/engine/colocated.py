@@ -1,20 +1,32 @@
 """The colocated engine (`--disaggregation-mode null`): the full model in one process, computing the
-same semantics as the asymmetric split (prefix, then the window step, then decode), so its outputs
-are the reference the disaggregated servers must match."""
+same semantics as the disaggregated servers, so its outputs are the reference they must match.
+Asymmetric semantics: prefix, then the window step, then decode (as asym-prefill + asym-decode);
+`exact`: the full prompt forward and the first token, then decode (as symmetric PD)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from typing import AsyncIterator
 
 from ...asym import run_prefix_on_full_model
 from ...cache import CacheSizing
 from ...model import V41Model
+from ...split import Semantics
 from ..engine_api import EngineRole, GenerateRequest, TokenEvent
-from .base import EngineBase, EventStream
-from .decode_loop import ActiveRequest, DecodeLoop
+from .base import EngineBase
+from .decode_loop import ActiveRequest, DecodeLoop, load_drafter
+from .full_prefill import prefill_locally
 from .options import EngineOptions
+from .streaming import JoinGate, join_running, stream_from_loop
+
+
+def _timed(fn, *args):
+    """fn(*args) and its seconds, measured on the thread that runs it (queueing excluded)."""
+    started = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - started
 
 
 class ColocatedEngine(EngineBase):
@@ -28,7 +40,10 @@ class ColocatedEngine(EngineBase):
         self._prefix_caches = model.new_cache_set(CacheSizing(1, options.max_total_tokens, options.page_rows))
         self._prefix_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,
-                               on_step=self._on_step, window_chunk=options.window_chunk)
+                               on_step=self._on_step, window_chunk=options.window_chunk,
+                               drafter=load_drafter(model, options.model_path, options.scheduler.num_draft_tokens))
+        self._gate = JoinGate(min(options.max_running, options.scheduler.max_running))
+        self._seed = 0  # fallback seeds of unseeded sampled requests (exact semantics)
         self.loop.start()
 
     def _on_step(self, record) -> None:
@@ -38,18 +53,23 @@ class ColocatedEngine(EngineBase):
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         split = self.split_for(req)
         prompt = self.prompt_tensor(req)
-        prefix = await asyncio.get_running_loop().run_in_executor(
-            self._prefix_pool, run_prefix_on_full_model, self.model, self._prefix_caches, prompt, split)
-        stream = EventStream(asyncio.get_running_loop())
-        self.loop.submit(ActiveRequest(req.rid, prompt, split, prefix, req.sampling, stream.emit))
-        finished = False
-        try:
-            async for event in stream.events():
-                finished = event.finished
+        loop = asyncio.get_running_loop()
+        if split.semantics is Semantics.EXACT:
+            self._seed += 1
+            local = await loop.run_in_executor(self._prefix_pool, prefill_locally, self.model, self._prefix_caches,
+                                               prompt, split, self.options.prefill_chunk, req.sampling, self._seed)
+            self.observe_prefill_compute(local.first.compute_s)
+            meta = {"prefill_compute_s": local.first.compute_s}
+            async for event in join_running(self.loop, self._gate, self.model, req, prompt, split, local.rows,
+                                            local.first.token, local.first.generator, meta):
                 yield event
-        finally:
-            if not finished:
-                self.loop.abort(req.rid, "client went away")
+            return
+        prefix, compute_s = await loop.run_in_executor(
+            self._prefix_pool, _timed, run_prefix_on_full_model, self.model, self._prefix_caches, prompt, split)
+        self.observe_prefill_compute(compute_s)
+        submit = lambda emit: self.loop.submit(ActiveRequest(req.rid, prompt, split, prefix, req.sampling, emit))  # noqa: E731
+        async for event in stream_from_loop(self.loop, req.rid, submit, final_meta={"prefill_compute_s": compute_s}):
+            yield event
 
     async def abort(self, rid: str) -> None:
         self.loop.abort(rid)

@@ -2,8 +2,16 @@
 scheduler what to run, executes window steps (the last W prompt tokens over a transferred prefix)
 and decode steps, samples, and hands token events back to the asyncio side.
 
-Step semantics follow a GPU forward: in a mixed step every token of the step is emitted when the
-whole step is done; in separate mode the decode forward's tokens go out before the window forward."""
+Every forward is ONE batched model pass (`V41Model.forward_batch`) over the rows of all requests in
+it: the decode (or speculative verify) rows of every running request and the window rows admitted
+this step. Step semantics follow a GPU forward: in a mixed step every token of the step is emitted
+when the whole step is done; in separate mode the decode forward's tokens go out before the window
+forward runs. Windows may run in chunks (the scheduler sizes them to the token budget).
+
+With a drafter and num_draft_tokens k > 0, a request that has its first token decodes speculatively:
+the drafter proposes up to k tokens, the step verifies [anchor, drafts] (q_len 1 + k) in the batched
+forward, the accepted tokens (greedy, or the speculative sampling rule) are all emitted, and the
+rejected rows are rolled back in the cache and the drafter state (`sglang_asym.speculative`)."""
 
 from __future__ import annotations
 
@@ -11,15 +19,18 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 import torch
 
 from ...asym import PrefixState, install_prefix
 from ...cache import CacheSet, OutOfPages, RequestCache
 from ...model import V41Model
+from ...model.model import InvalidSegment, SegmentInput, SegmentOutput
 from ...sched import Scheduler, SchedulerConfig, StepMode
+from ...speculative import (AcceptanceStats, Drafter, Sampling, SpecRequest, accept, check_draft_len, commit,
+                            drafter_from_checkpoint, propose)
 from ...split import SplitPlan
 from ..engine_api import FinishReason, SamplingParams, TokenEvent
 from .sampler import make_generator, sample
@@ -27,11 +38,7 @@ from .sampler import make_generator, sample
 logger = logging.getLogger(__name__)
 
 EmitFn = Callable[[TokenEvent], None]
-_CHUNK_MARK = "@window-chunk-"  # scheduler ids of a request's non-final window chunks: rid + mark + offset
-
-
-def _owner(scheduler_id: str) -> str:
-    return scheduler_id.split(_CHUNK_MARK, 1)[0]
+Emission = tuple[EmitFn, TokenEvent]
 
 
 @dataclass
@@ -39,7 +46,7 @@ class ActiveRequest:
     rid: str
     prompt: torch.Tensor
     split: SplitPlan
-    prefix: PrefixState
+    prefix: PrefixState | None  # None for a request joined already running (submit_running)
     sampling: SamplingParams
     emit: EmitFn
     arrival: float = field(default_factory=time.monotonic)
@@ -48,7 +55,8 @@ class ActiveRequest:
     generator: torch.Generator | None = None
     next_input: int | None = None  # the last sampled token, fed at the next decode step
     window_done: int = 0  # window rows [B, B + window_done) already computed (chunked windows)
-    queued_chunk: str | None = None  # scheduler id of the window chunk this request waits with
+    draft_state: Any = None  # the drafter's context of this request (speculative decoding only)
+    spec: SpecRequest | None = None  # speculative decode state once the request has a token to draft from
 
 
 @dataclass(frozen=True)
@@ -60,27 +68,73 @@ class StepRecord:
     decode_rows: int
     window_rows: int
     seconds: float
+    proposed: int = 0  # draft tokens proposed this step (speculative decoding)
+    accepted: int = 0  # of those, accepted by the target
+    emitted: int = 0  # tokens the step's decode rows emitted (accepted drafts + one per verify)
+
+
+@dataclass
+class _Work:
+    """One request's rows in a forward and what to do with the result."""
+
+    req: ActiveRequest
+    tokens: torch.Tensor
+    logits: str
+    start: int  # the request's cache position before the forward
+    capture: tuple[int, ...] = ()
+    window: bool = False
+    final: bool = False  # window: its last chunk (the first token is sampled from it)
+    draft: Any = None  # speculative verify: the Draft checked by these rows
+    draft_probs: torch.Tensor | None = None  # sampled drafts: the distributions they were drawn from
+
+    @property
+    def input(self) -> SegmentInput:
+        return SegmentInput(self.tokens, self.req.cache, self.logits, self.capture)
+
+
+@dataclass
+class _StepTally:
+    spec: AcceptanceStats = field(default_factory=AcceptanceStats)  # the step's speculative verifies
+    plain_tokens: int = 0  # tokens of plain (non-speculative) decode rows
+
+
+def load_drafter(model: V41Model, model_path: str, num_draft_tokens: int) -> Drafter | None:
+    """The checkpoint's DSpark drafter when speculative decoding is on (k > 0), else None."""
+    return drafter_from_checkpoint(model, model_path) if num_draft_tokens else None
+
+
+def _sampling(params: SamplingParams) -> Sampling:
+    return Sampling(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
 
 
 class DecodeLoop:
     def __init__(self, model: V41Model, cache_set: CacheSet, sched_config: SchedulerConfig,
                  eos_token_id: int, on_step: Callable[[StepRecord], None] | None = None,
-                 window_chunk: int | None = None) -> None:
-        if sched_config.num_draft_tokens:
-            raise ValueError("the decode loop runs plain decode; set num_draft_tokens=0 (speculative decoding "
-                             "is driven by the speculative runner)")
+                 window_chunk: int | None = None, drafter: Drafter | None = None) -> None:
+        """`window_chunk` (if given) overrides sched_config.window_chunk: a window runs over several steps,
+        at most that many rows per step. With sched_config.num_draft_tokens k > 0 a drafter is required
+        and requests decode speculatively with up to k drafts per step."""
+        if window_chunk is not None:
+            sched_config = replace(sched_config, window_chunk=window_chunk)
+        self.num_draft_tokens = sched_config.num_draft_tokens
+        if self.num_draft_tokens:
+            if drafter is None:
+                raise ValueError(f"num_draft_tokens={self.num_draft_tokens} needs a drafter (speculative decoding); "
+                                 "set it to 0 for plain decoding")
+            check_draft_len(self.num_draft_tokens, drafter)
+        self.drafter = drafter if self.num_draft_tokens else None
+        self._features = self.drafter.feature_layers if self.drafter is not None else ()
         self.model, self.cache_set, self.eos = model, cache_set, eos_token_id
         self.scheduler = Scheduler(sched_config)
-        # A window larger than this runs over several steps (bounded prefill per step protects ITL).
-        self.window_chunk = sched_config.window if window_chunk is None else window_chunk
-        if not 1 <= self.window_chunk <= sched_config.window:
-            raise ValueError(f"window chunk must be in [1, {sched_config.window}], got {self.window_chunk}")
+        self.window_chunk = sched_config.chunk_rows
         self.on_step = on_step
         self._inbox: queue.Queue = queue.Queue()
         self._requests: dict[str, ActiveRequest] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
         self._seed = 0
+        self._acceptance = AcceptanceStats()
+        self._acceptance_lock = threading.Lock()
 
     # ---- control (any thread) -------------------------------------------------------------
     def start(self) -> None:
@@ -97,9 +151,24 @@ class DecodeLoop:
     def abort(self, rid: str, reason: str = "Aborted") -> None:
         self._inbox.put(("abort", (rid, reason)))
 
+    def submit_running(self, request: ActiveRequest, first_token: int,
+                       install: Callable[[CacheSet], RequestCache]) -> None:
+        """Join a request whose whole prompt ran elsewhere (symmetric PD's prefill worker, a colocated
+        exact prefill): `install` builds its cache on the loop thread, `first_token` is emitted at once
+        and fed to its first decode step, `request.generator` continues the first token's RNG stream."""
+        self._inbox.put(("join", (request, first_token, install)))
+
     @property
     def active_requests(self) -> int:
         return len(self._requests)
+
+    @property
+    def acceptance(self) -> AcceptanceStats:
+        """Speculative decoding totals so far (steps, proposed, accepted, emitted; a copy)."""
+        copy = AcceptanceStats()
+        with self._acceptance_lock:
+            copy.merge(self._acceptance)
+        return copy
 
     # ---- loop thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -112,22 +181,24 @@ class DecodeLoop:
                 continue
             t0 = time.perf_counter()
             plan = step.plan
-            decoding = [self._requests[r.request_id] for r in plan.decode
-                        if r.request_id in self._requests and self._requests[r.request_id].next_input is not None]
-            admitted = [(self._requests[_owner(w.request_id)], w) for w in plan.admitted
-                        if _owner(w.request_id) in self._requests]
-            pending: list[tuple[EmitFn, TokenEvent]] = []
-            for req in decoding:
-                pending += self._decode_one(req)
+            events: list[Emission] = []
+            decode = self._decode_work(plan, events)
+            windows = self._window_work(plan, events)
+            stats = _StepTally()
             if plan.mode is StepMode.SEPARATE:
-                self._flush(pending)
-                pending = []
-            for req, chunk in admitted:
-                pending += self._window(req, chunk.request_id, chunk.window_rows)
-            self._flush(pending)
+                events += self._execute(decode, stats)
+                self._flush(events)
+                events = self._execute(windows, stats)
+            else:
+                events += self._execute(decode + windows, stats)
+            self._flush(events)
+            if stats.spec.steps:
+                with self._acceptance_lock:
+                    self._acceptance.merge(stats.spec)
             if self.on_step is not None:
                 self.on_step(StepRecord(plan.step, plan.shape.value, plan.decode_rows, plan.window_rows,
-                                        time.perf_counter() - t0))
+                                        time.perf_counter() - t0, stats.spec.proposed, stats.spec.accepted,
+                                        stats.spec.emitted + stats.plain_tokens))
         self._flush([self._finish(req, None, error="decode worker stopped") for req in list(self._requests.values())])
 
     def _drain_inbox(self, block: bool) -> None:
@@ -144,6 +215,8 @@ class DecodeLoop:
                 req = self._requests.get(rid)
                 if req is not None:
                     self._flush([self._finish(req, FinishReason.abort(reason))])
+            elif kind == "join":
+                self._join(*payload)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -163,69 +236,222 @@ class DecodeLoop:
             return
         self._seed += 1
         req.generator = make_generator(req.sampling, self._seed)
+        try:
+            self.scheduler.enqueue(req.rid, req.split.prompt_len - req.split.boundary, arrival_time=req.arrival)
+        except Exception as exc:  # a full queue, a window over W: this request only
+            req.emit(TokenEvent(req.rid, (), True, FinishReason.abort("bad request"), error=str(exc)))
+            return
         self._requests[req.rid] = req
-        self._enqueue_next_chunk(req)
 
-    def _enqueue_next_chunk(self, req: ActiveRequest) -> None:
-        """Queue the request's next window chunk; the last chunk carries the request's own id so the
-        scheduler keeps it running afterwards."""
-        left = req.split.prompt_len - req.split.boundary - req.window_done
-        rows = min(left, self.window_chunk)
-        chunk_id = req.rid if rows == left else f"{req.rid}{_CHUNK_MARK}{req.window_done}"
-        req.queued_chunk = chunk_id
-        self.scheduler.enqueue(chunk_id, rows, arrival_time=req.arrival)
-
-    def _window(self, req: ActiveRequest, chunk_id: str, rows: int) -> list[tuple[EmitFn, TokenEvent]]:
-        final = chunk_id == req.rid
-        req.queued_chunk = None
+    def _join(self, req: ActiveRequest, first_token: int, install: Callable[[CacheSet], RequestCache]) -> None:
+        if req.rid in self._requests:
+            req.emit(TokenEvent(req.rid, (), True, FinishReason.abort("duplicate request id"),
+                                error=f"request id {req.rid!r} is already running"))
+            return
+        if req.sampling.max_new_tokens == 0:
+            req.emit(TokenEvent(req.rid, (), True, FinishReason.of_length(0)))
+            return
         try:
-            if req.cache is None:
-                req.cache = install_prefix(self.model, self.cache_set, req.prefix, req.split)
-            start = req.split.boundary + req.window_done
-            logits = self.model(req.prompt[start : start + rows], req.cache, logits="last" if final else "none")
-            req.window_done += rows
-        except OutOfPages as exc:
-            return [self._finish(req, None, error=f"decode worker out of cache pages: {exc}")]
-        except Exception as exc:  # a bad prefix state or a model error ends this request only
-            logger.exception("window step of %s failed", req.rid)
-            return [self._finish(req, None, error=f"window step failed: {exc}")]
-        if not final:
-            self.scheduler.finish(chunk_id)  # a partial window holds no decode slot
-            self._enqueue_next_chunk(req)
+            req.cache = install(self.cache_set)
+            self._requests[req.rid] = req
+            self.scheduler.add_running(req.rid)
+        except Exception as exc:  # out of pages, a full batch, a bad state: this request only
+            logger.warning("cannot join %s to the decode batch: %s", req.rid, exc)
+            self._flush([self._finish(req, None, error=f"cannot join the decode batch: {exc}")])
+            return
+        self._flush([self._take_token(req, first_token)])
+
+    # ---- one step: what each request runs ----------------------------------------------------------
+    def _decode_work(self, plan, events: list[Emission]) -> list[_Work]:
+        """The decode rows of the running requests: 1 token, or [anchor, drafts] when speculating."""
+        work = []
+        for running in plan.decode:
+            req = self._requests.get(running.request_id)
+            if req is None or req.next_input is None or req.cache is None:
+                continue
+            start = req.cache.pos
+            k = self._draft_len(req) if req.spec is not None else 0
+            if k:
+                try:
+                    draft, probs = propose(self.drafter, req.spec, k, _sampling(req.sampling), req.generator)
+                except Exception as exc:  # a drafter failure ends this request only
+                    logger.exception("drafting for %s failed", req.rid)
+                    events.append(self._finish(req, None, error=f"drafting failed: {exc}"))
+                    continue
+                tokens = torch.tensor([req.next_input, *draft.tokens], dtype=torch.long)
+                work.append(_Work(req, tokens, "all", start, self._features, draft=draft, draft_probs=probs))
+            else:
+                work.append(_Work(req, torch.tensor([req.next_input], dtype=torch.long), "last", start, self._features))
+        return work
+
+    def _draft_len(self, req: ActiveRequest) -> int:
+        """Drafts this step: k, fewer near max_new_tokens (no token is verified that could not be emitted)
+        or the end of the context."""
+        left = req.sampling.max_new_tokens - len(req.generated)
+        room = self.model.cfg.max_position_embeddings - req.cache.pos - 1
+        return max(0, min(self.num_draft_tokens, left - 1, room))
+
+    def _window_work(self, plan, events: list[Emission]) -> list[_Work]:
+        """The window rows admitted this step: a chunk of a request's [B, N), or all of it."""
+        partial = set(plan.partial)
+        work = []
+        for piece in plan.admitted:
+            req = self._requests.get(piece.request_id)
+            if req is None:
+                continue
+            try:
+                if req.cache is None:
+                    req.cache = install_prefix(self.model, self.cache_set, req.prefix, req.split)
+            except OutOfPages as exc:
+                events.append(self._finish(req, None, error=f"decode worker out of cache pages: {exc}"))
+                continue
+            except Exception as exc:  # a bad prefix state ends this request only
+                logger.exception("installing the prefix of %s failed", req.rid)
+                events.append(self._finish(req, None, error=f"window step failed: {exc}"))
+                continue
+            first = req.split.boundary + req.window_done
+            final = piece.request_id not in partial
+            work.append(_Work(req, req.prompt[first : first + piece.window_rows], "last" if final else "none",
+                              req.cache.pos, self._features, window=True, final=final))
+        return work
+
+    # ---- one step: running it -------------------------------------------------------------------------
+    def _execute(self, work: list[_Work], stats: _StepTally) -> list[Emission]:
+        if not work:
             return []
-        return [self._accept_token(req, logits)]
+        events: list[Emission] = []
+        for item, out in zip(work, self._forward(work)):
+            if item.req.rid not in self._requests:
+                continue
+            if isinstance(out, Exception):
+                kind = "window step" if item.window else "decode step"
+                if isinstance(out, OutOfPages):
+                    events.append(self._finish(item.req, None, error=f"decode worker out of cache pages: {out}"))
+                else:
+                    events.append(self._finish(item.req, None, error=f"{kind} failed: {out}"))
+                continue
+            try:
+                events.append(self._window_done(item, out) if item.window else self._decoded(item, out, stats))
+            except Exception as exc:  # sampling or drafter bookkeeping failed: this request only
+                logger.exception("step of %s failed", item.req.rid)
+                events.append(self._finish(item.req, None, error=f"step failed: {exc}"))
+        return [e for e in events if e is not None]
 
-    def _decode_one(self, req: ActiveRequest) -> list[tuple[EmitFn, TokenEvent]]:
+    def _forward(self, work: list[_Work]) -> list[SegmentOutput | Exception]:
+        """One batched forward. An input the model refuses before touching any cache fails alone and the
+        rest runs again. If the forward fails midway, each request is restored and run alone, so only a
+        request that fails on its own is lost."""
+        results: list[SegmentOutput | Exception | None] = [None] * len(work)
+        pending = list(range(len(work)))
+        while pending:
+            try:
+                outputs = self.model.forward_batch([work[i].input for i in pending])
+            except InvalidSegment as exc:
+                results[pending.pop(exc.index)] = exc.error
+                continue
+            except Exception as exc:
+                if len(pending) == 1:
+                    if not isinstance(exc, OutOfPages):
+                        logger.exception("forward of %s failed", work[pending[0]].req.rid)
+                    results[pending[0]] = exc
+                else:
+                    logger.warning("batched forward of %d requests failed (%s); running each alone", len(pending), exc)
+                    for i in pending:
+                        results[i] = self._rerun_alone(work[i])
+                break
+            for i, out in zip(pending, outputs):
+                results[i] = out
+            break
+        return results
+
+    def _rerun_alone(self, item: _Work) -> SegmentOutput | Exception:
+        """After a failed batched forward (which may have written some layers' rows): decode and verify
+        rows are rolled back in the cache; a window is recomputed from its prefix state, every window row
+        it ran so far included. Then the request runs alone."""
+        req = item.req
         try:
-            logits = self.model(torch.tensor([req.next_input]), req.cache, logits="last")
-        except OutOfPages as exc:
-            return [self._finish(req, None, error=f"decode worker out of cache pages: {exc}")]
-        return [self._accept_token(req, logits)]
+            if item.window:
+                req.cache.release()
+                req.cache = None
+                req.cache = install_prefix(self.model, self.cache_set, req.prefix, req.split)
+                first = req.split.boundary
+                item.tokens = req.prompt[first : first + req.window_done + item.tokens.numel()]
+                item.start, req.window_done, req.draft_state = req.cache.pos, 0, None
+            else:
+                req.cache.pos = item.start + item.tokens.numel()
+                req.cache.truncate(item.start)
+            return self.model.forward_batch([item.input])[0]
+        except InvalidSegment as exc:
+            return exc.error
+        except Exception as exc:
+            return exc
 
-    def _accept_token(self, req: ActiveRequest, logits: torch.Tensor) -> tuple[EmitFn, TokenEvent]:
-        token = sample(logits, req.sampling, req.generator)
-        req.generated.append(token)
-        req.next_input = token
-        params = req.sampling
-        if (token == self.eos and not params.ignore_eos) or token in params.stop_token_ids:
-            return self._finish(req, FinishReason.stop(token), last=(token,))
+    def _window_done(self, item: _Work, out: SegmentOutput) -> Emission | None:
+        req = item.req
+        req.window_done += item.tokens.numel()
+        if self.drafter is not None:
+            if req.draft_state is None:
+                req.draft_state = self.drafter.new_state()
+            self.drafter.observe(req.draft_state, out.captured, item.start)
+        if not item.final:
+            return None
+        token = sample(out.logits, req.sampling, req.generator)
+        if self.drafter is not None:
+            req.spec = SpecRequest(req.cache, req.draft_state, token)
+        return self._take_tokens(req, [token])
+
+    def _decoded(self, item: _Work, out: SegmentOutput, stats: _StepTally) -> Emission:
+        req = item.req
+        if item.draft is None:
+            token = sample(out.logits, req.sampling, req.generator)
+            if self.drafter is not None:  # keep the drafter's context in step with the cache
+                if req.spec is None:  # joined running without a drafter context: start one here
+                    req.draft_state = self.drafter.new_state()
+                    req.spec = SpecRequest(req.cache, req.draft_state, token)
+                self.drafter.observe(req.spec.draft_state, out.captured, item.start)
+                req.spec.anchor = token
+            stats.plain_tokens += 1
+            return self._take_tokens(req, [token])
+        k = len(item.draft.tokens)
+        emitted = accept(item.draft.tokens, item.draft_probs, out.logits, _sampling(req.sampling), req.generator)
+        commit(self.drafter, req.spec, item.start, k, emitted, out.captured)
+        stats.spec.record(k, len(emitted) - 1)
+        return self._take_tokens(req, emitted)
+
+    def _take_token(self, req: ActiveRequest, token: int) -> Emission:
+        return self._take_tokens(req, [token])
+
+    def _take_tokens(self, req: ActiveRequest, tokens: list[int]) -> Emission:
+        """Append sampled tokens in order up to the first stop token or the length limit; one event."""
+        params, taken = req.sampling, []
+        for token in tokens:
+            req.generated.append(token)
+            req.next_input = token
+            taken.append(token)
+            if (token == self.eos and not params.ignore_eos) or token in params.stop_token_ids:
+                return self._finish(req, FinishReason.stop(token), last=tuple(taken))
+            if len(req.generated) >= params.max_new_tokens:
+                break
         if len(req.generated) >= params.max_new_tokens or \
                 req.cache.pos + 1 >= self.model.cfg.max_position_embeddings:
-            return self._finish(req, FinishReason.of_length(len(req.generated)), last=(token,))
-        return req.emit, TokenEvent(req.rid, (token,))
+            return self._finish(req, FinishReason.of_length(len(req.generated)), last=tuple(taken))
+        return req.emit, TokenEvent(req.rid, tuple(taken))
 
     def _finish(self, req: ActiveRequest, reason: FinishReason | None, last: tuple[int, ...] = (),
                 error: str | None = None) -> tuple[EmitFn, TokenEvent]:
         """Remove the request everywhere and free its cache; returns its final event (not yet emitted)."""
         self._requests.pop(req.rid, None)
-        for sched_id in {req.rid, req.queued_chunk} - {None}:
-            try:
-                self.scheduler.abort(sched_id)
-            except LookupError:
-                pass
+        try:
+            if reason is not None and req.rid in {r.request_id for r in self.scheduler.running}:
+                self.scheduler.finish(req.rid)  # a normal end (stop token, length)
+            else:
+                self.scheduler.abort(req.rid)
+        except LookupError:
+            pass
         if req.cache is not None:
             req.cache.release()
             req.cache = None
+        req.spec = req.draft_state = None
         if reason is None:
             reason = FinishReason.abort(error or "Aborted")
         return req.emit, TokenEvent(req.rid, last, True, reason, error=error)

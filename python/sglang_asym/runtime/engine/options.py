@@ -8,6 +8,30 @@ from ...sched import SchedulerConfig
 from ...split import Semantics
 
 
+# exact: the full prompt forward (colocated, and symmetric PD which can only compute that).
+SERVED_SEMANTICS = (Semantics.ASYM_EXACT_ENCODER, Semantics.ASYM, Semantics.EXACT)
+DEFAULT_SEMANTICS = {"null": Semantics.ASYM_EXACT_ENCODER, "asym-prefill": Semantics.ASYM_EXACT_ENCODER,
+                     "asym-decode": Semantics.ASYM_EXACT_ENCODER, "prefill": Semantics.EXACT,
+                     "decode": Semantics.EXACT}
+
+
+def check_mode_semantics(mode: str, semantics: Semantics | str) -> Semantics:
+    """The semantics a --disaggregation-mode can serve; ValueError with the reason otherwise."""
+    semantics = Semantics.parse(semantics)
+    if mode not in DEFAULT_SEMANTICS:
+        raise ValueError(f"unknown --disaggregation-mode {mode!r}; choose one of {sorted(DEFAULT_SEMANTICS)}")
+    if semantics not in SERVED_SEMANTICS:
+        raise ValueError(f"--asym-semantics {semantics.value} is not served; choose one of "
+                         f"{[s.value for s in SERVED_SEMANTICS]}")
+    if mode.startswith("asym-") and semantics is Semantics.EXACT:
+        raise ValueError(f"--asym-semantics exact cannot be split: {mode} serves asym-exact-encoder or asym "
+                         "(symmetric PD, --disaggregation-mode prefill / decode, computes exact)")
+    if mode in ("prefill", "decode") and semantics is not Semantics.EXACT:
+        raise ValueError(f"symmetric PD (--disaggregation-mode {mode}) computes the exact full prefill; "
+                         f"--asym-semantics {semantics.value} does not apply to it (use exact)")
+    return semantics
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     model_path: str
@@ -26,8 +50,9 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "semantics", Semantics.parse(self.semantics))
-        if self.semantics not in (Semantics.ASYM, Semantics.ASYM_EXACT_ENCODER):
-            raise ValueError(f"--asym-semantics must be asym or asym-exact-encoder, got {self.semantics.value!r}")
+        if self.semantics not in SERVED_SEMANTICS:
+            raise ValueError(f"--asym-semantics must be one of {[s.value for s in SERVED_SEMANTICS]}, "
+                             f"got {self.semantics.value!r}")
         if self.window < 1:
             raise ValueError(f"--asym-window must be >= 1, got {self.window}")
         if self.cache_quant not in ("none", "release"):

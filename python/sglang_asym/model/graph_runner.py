@@ -1,0 +1,395 @@
+"""Model runner of the decode worker: one step's rows of several requests -> logits, with the graph
+shape that `sched.graphs` chooses.
+
+A step is a list of StepRows (a request's cache and the tokens it runs now: 1 + k decode rows, or a
+window chunk). The runner lays the rows out at the chosen shape, runs the model as static-shape
+segments (mHC mixing, norms, MoE, head: `model.segments`) with each request's attention run eagerly
+on its own paged cache between them, and returns each request's logits as `V41Model.forward` would.
+
+  FULL (uniform decode)   request b occupies rows [b*(1+k), b*(1+k) + q_len) of a (batch bucket x
+                          (1+k)) block; padding rows fill short verifies and empty batch slots;
+  ROW_BUCKET (window)     rows packed, padded up to the 128-row bucket;
+  BREAKABLE (mixed)       rows packed, padded up to the mixed row bucket;
+  EAGER                   rows packed, unpadded.
+Backend 'cuda_graph' (CUDA) replays one captured graph per (segment, padded rows); EAGER choices
+and backend 'eager' (CPU, or for comparison) call the same segment functions on the same padded
+rows; 'emulated_graph' keeps the graph path's static buffers and replay semantics on any device, so
+CPU tests check the graph path's plumbing. Attention always runs eagerly: its paged caches grow and
+free pages on the host, so a FULL decode shape replays per-layer segment graphs around it rather
+than one whole-forward graph. `stats()` counts forwards by shape, captures, replays and eager calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Callable, Sequence
+
+import torch
+
+from ..cache import RequestCache
+from ..cache.request import ROLLBACK_MARGIN_ROWS
+from ..sched import (
+    ForwardKind,
+    GraphChoice,
+    GraphKind,
+    SchedulerConfig,
+    choose_decode_graph,
+    choose_mixed_graph,
+    choose_window_graph,
+)
+from .attention import ChunkState, RowBatch, Segment
+from .model import V41Model
+from .segment_exec import CudaGraphExecutor, EagerExecutor, EmulatedGraphExecutor, SegmentCounters
+from .segments import SegmentProgram
+
+LOGITS_MODES = ("all", "last", "none")
+PAD_TOKEN = 0  # padding rows embed a real token: their values stay finite and never reach real rows
+
+
+class RowKind(str, Enum):
+    DECODE = "decode"  # a running request's last token and its draft tokens (q_len <= 1 + k)
+    WINDOW = "window"  # a new request's window rows (or a chunk of them)
+
+
+class Backend(str, Enum):
+    EAGER = "eager"
+    CUDA_GRAPH = "cuda_graph"
+    EMULATED_GRAPH = "emulated_graph"  # static buffers replayed like CUDA graphs, on any device (checks)
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """One request's part of a step. logits: 'all' -> [q, V], 'last' -> [V], 'none' -> None;
+    by default 'all' for decode rows (verification reads every row) and 'last' for a window."""
+
+    cache: RequestCache
+    tokens: torch.Tensor
+    kind: RowKind = RowKind.DECODE
+    logits: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", RowKind(self.kind))
+        except ValueError:
+            raise ValueError(f"row kind must be one of {[k.value for k in RowKind]}, got {self.kind!r}") from None
+        if self.logits is None:
+            object.__setattr__(self, "logits", "all" if self.kind is RowKind.DECODE else "last")
+        if self.logits not in LOGITS_MODES:
+            raise ValueError(f"logits must be one of {LOGITS_MODES}, got {self.logits!r}")
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where each request's rows sit among the forward's `rows` (padded) rows."""
+
+    rows: int
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    @classmethod
+    def for_choice(cls, choice: GraphChoice, lengths: Sequence[int]) -> "RowLayout":
+        lengths = tuple(lengths)
+        if choice.kind is GraphKind.FULL:
+            batch, width = choice.padded_shape
+            if len(lengths) > batch or max(lengths) > width:
+                raise ValueError(f"{len(lengths)} requests of up to {max(lengths)} rows do not fit the full-graph "
+                                 f"shape {choice.padded_shape}")
+            return cls(batch * width, tuple(b * width for b in range(len(lengths))), lengths)
+        starts, at = [], 0
+        for n in lengths:
+            starts.append(at)
+            at += n
+        return cls(choice.padded_rows, tuple(starts), lengths)
+
+    def real_rows(self, device: torch.device) -> slice | torch.Tensor:
+        """Index of the real rows in request order: a slice when they are packed from row 0."""
+        at = 0
+        for start, n in zip(self.starts, self.lengths):
+            if start != at:
+                return torch.cat([torch.arange(s, s + n) for s, n in zip(self.starts, self.lengths)]).to(device)
+            at += n
+        return slice(0, at)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    logits: tuple[torch.Tensor | None, ...]  # per request, in the order of the step's rows
+    choice: GraphChoice
+    # layer id -> per request [rows, hidden]: the layer's input streams averaged (drafter features)
+    features: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunnerStats:
+    forwards: dict[str, int]  # by graph kind chosen
+    graph_forwards: int  # forwards whose segments were graph replays (CUDA, or emulated)
+    eager_forwards: int  # forwards whose segments ran eagerly (CPU, backend 'eager', or an EAGER choice)
+    eager_fallbacks: int  # forwards the shape choice sent to EAGER (no captured shape fits)
+    graph_captures: int
+    graph_replays: int
+    eager_segment_calls: int
+    actual_rows: int
+    padded_rows: int
+    captured_shapes: int  # distinct (segment, rows) graphs held
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class StepFailed(RuntimeError):
+    """A step raised part-way. Every request whose rows could be undone was rolled back to where it
+    started (`rolled_back`); the others hold a partly extended cache and must be released."""
+
+    def __init__(self, layer: int | None, cause: BaseException, rolled_back: tuple[int, ...],
+                 unrecoverable: tuple[int, ...]) -> None:
+        where = "before any attention" if layer is None else f"at layer {layer}'s attention or later"
+        super().__init__(f"step failed {where}: {cause!r}; rolled back requests {list(rolled_back)}, "
+                         f"must release {list(unrecoverable)}")
+        self.layer, self.cause = layer, cause
+        self.rolled_back, self.unrecoverable = rolled_back, unrecoverable
+
+
+def _logit_rows_bucket(rows: int, limit: int) -> int:
+    """Logit rows are padded to a power of two (at most the forward's rows): few head graphs."""
+    return min(1 << max(rows - 1, 0).bit_length(), limit)
+
+
+class GraphRunner:
+    """backend: 'auto' (CUDA graphs on a CUDA model, else eager), 'eager', 'cuda_graph', 'emulated_graph'.
+    moe: 'static' (capture-safe, row-wise; needed by the graph backends), 'routed' (the reference MoE:
+    experts only over the rows routed to them, much cheaper on CPU at window sizes; eager only) or
+    'auto' (static with a graph backend, routed with the eager one)."""
+
+    def __init__(self, model: V41Model, config: SchedulerConfig = SchedulerConfig(), backend: str = "auto",
+                 moe: str = "auto") -> None:
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        self.model, self.config = model, config
+        self.device = model.embed.weight.device
+        if backend == "auto":
+            backend = Backend.CUDA_GRAPH if self.device.type == "cuda" else Backend.EAGER
+        try:
+            self.backend = Backend(backend)
+        except ValueError:
+            raise ValueError(f"backend must be 'auto' or one of {[b.value for b in Backend]}, got {backend!r}") from None
+        if moe not in ("auto", "static", "routed"):
+            raise ValueError(f"moe must be 'auto', 'static' or 'routed', got {moe!r}")
+        if moe == "auto":
+            moe = "routed" if self.backend is Backend.EAGER else "static"
+        if self.backend is not Backend.EAGER and moe != "static":
+            raise ValueError("graph backends need the capture-safe MoE: moe='static'")
+        self.program = SegmentProgram(model, moe=moe)
+        self._counters = SegmentCounters()
+        self._eager = EagerExecutor(self._counters)
+        self._graphs: CudaGraphExecutor | EmulatedGraphExecutor | None = None
+        if self.backend is Backend.CUDA_GRAPH:
+            self._graphs = CudaGraphExecutor(self._counters, self.device)
+        elif self.backend is Backend.EMULATED_GRAPH:
+            self._graphs = EmulatedGraphExecutor(self._counters)
+        self._forwards = {kind.value: 0 for kind in GraphKind}
+        self._graph_forwards = self._eager_forwards = 0
+        self._actual_rows = self._padded_rows = 0
+
+    # ---- shape choice --------------------------------------------------------------------------
+    def choose(self, rows: Sequence[StepRows]) -> GraphChoice:
+        """The shape `sched.graphs` picks for these rows (decode-only, window-only or mixed)."""
+        if not rows:
+            raise ValueError("a step needs at least one request's rows")
+        kinds = {r.kind for r in rows}
+        graphs = self.config.graphs
+        if kinds == {RowKind.DECODE}:
+            return choose_decode_graph([r.num_rows for r in rows], self.config.verify_width, graphs)
+        if kinds == {RowKind.WINDOW}:
+            return choose_window_graph([r.num_rows for r in rows], graphs)
+        return choose_mixed_graph(len(rows), sum(r.num_rows for r in rows), graphs)
+
+    def _check_choice(self, choice: GraphChoice, rows: Sequence[StepRows]) -> None:
+        kinds = {r.kind for r in rows}
+        expected = ForwardKind.MIXED if len(kinds) > 1 else (
+            ForwardKind.DECODE if kinds == {RowKind.DECODE} else ForwardKind.WINDOW)
+        if choice.forward is not expected:
+            raise ValueError(f"graph choice is for a {choice.forward.value} forward, the rows make a {expected.value} one")
+        total = sum(r.num_rows for r in rows)
+        if (choice.num_requests, choice.actual_rows) != (len(rows), total):
+            raise ValueError(f"graph choice holds {choice.num_requests} requests / {choice.actual_rows} rows, the step "
+                             f"has {len(rows)} / {total}")
+
+    # ---- execution -----------------------------------------------------------------------------
+    def _executor(self, choice: GraphChoice):
+        if self._graphs is not None and choice.kind is not GraphKind.EAGER:
+            return self._graphs
+        return self._eager
+
+    def _validate(self, rows: Sequence[StepRows]) -> None:
+        if not rows:
+            raise ValueError("a step needs at least one request's rows")
+        seen: set[int] = set()
+        for i, r in enumerate(rows):
+            cache = r.cache
+            if id(cache) in seen:
+                raise ValueError(f"request {i}'s cache appears twice in one step (one forward per request per step)")
+            seen.add(id(cache))
+            if cache.released:
+                raise RuntimeError(f"request {i}'s cache was released")
+            if cache.set.role != "full":
+                raise ValueError(f"request {i}: a {cache.set.role}-role cache cannot serve the full model")
+            pool = next(iter(cache.set.pools.values()))
+            if pool.storage.device != self.device:
+                raise ValueError(f"request {i}'s cache lives on {pool.storage.device}, the model on {self.device}")
+            self.model.validate_tokens(r.tokens, cache.pos)
+
+    def _chain(self, executor, rows: int, logit_rows: torch.Tensor | None, tokens: torch.Tensor,
+               attend: Callable[[int, torch.Tensor, torch.Tensor], None],
+               on_layer_input: Callable[[int, torch.Tensor], None]) -> torch.Tensor | None:
+        """Run the segments of a `rows`-row forward; `attend(i, x, out)` fills layer i's attention output."""
+        program = self.program
+        carry = executor.call(("first", rows), program.first, (tokens,))
+        attn_out = torch.zeros(rows, self.model.cfg.hidden_size, dtype=self.model.dtype, device=self.device)
+        for i in range(program.num_layers):
+            streams, mix_pre, mix_post, mix_comb, x = carry
+            on_layer_input(i, streams)
+            attend(i, x, attn_out)
+            inputs = (streams, mix_pre, mix_post, mix_comb, attn_out)
+            if i + 1 < program.num_layers:
+                carry = executor.call(("between", i, rows), program.between(i), inputs)
+            else:
+                (hidden,) = executor.call(("last", rows), program.last, inputs)
+        if logit_rows is None:
+            return None
+        (logits,) = executor.call(("head", rows, logit_rows.numel()), program.head, (hidden, logit_rows))
+        return logits.clone()  # a graph's output buffer is overwritten by the next replay
+
+    @torch.no_grad()
+    def run(self, rows: Sequence[StepRows], choice: GraphChoice | None = None,
+            capture_layers: Sequence[int] = ()) -> StepOutput:
+        """Run one forward of the step's rows (each request at its cache's position) and advance the caches."""
+        rows = list(rows)
+        self._validate(rows)
+        if choice is None:
+            choice = self.choose(rows)
+        else:
+            self._check_choice(choice, rows)
+        self.program.check_weights()
+        layout = RowLayout.for_choice(choice, [r.num_rows for r in rows])
+        padded = choice.kind is not GraphKind.EAGER
+        executor = self._executor(choice)
+
+        tokens = torch.full((layout.rows,), PAD_TOKEN, dtype=torch.long)
+        picks: list[int] = []
+        for r, start in zip(rows, layout.starts):
+            tokens[start : start + r.num_rows] = r.tokens.to("cpu", torch.long)
+            if r.logits == "all":
+                picks.extend(range(start, start + r.num_rows))
+            elif r.logits == "last":
+                picks.append(start + r.num_rows - 1)
+        logit_rows = None
+        if picks:
+            bucket = _logit_rows_bucket(len(picks), layout.rows) if padded else len(picks)
+            logit_rows = torch.tensor(picks + [0] * (bucket - len(picks)), device=self.device)
+
+        starts_pos = [r.cache.pos for r in rows]
+        batch = self._row_batch(rows, starts_pos)
+        real = layout.real_rows(self.device)
+        capture = set(capture_layers)
+        features: dict[int, list[torch.Tensor]] = {}
+        blocks = self.program.blocks
+        attention_ran: list[int | None] = [None]  # the layer whose attention may have extended caches
+
+        def attend(i: int, x: torch.Tensor, out: torch.Tensor) -> None:
+            # One batched attention call over the real rows: projections over all of them, the
+            # window/compressed/index work per request on its own cache. Padding rows stay zero.
+            attention_ran[0] = blocks[i].info.index
+            out[real] = blocks[i].attn(x[real], batch, self.model.quant)
+
+        def on_layer_input(i: int, streams: torch.Tensor) -> None:
+            if blocks[i].info.index in capture:
+                features[blocks[i].info.index] = [
+                    streams[s : s + r.num_rows].float().mean(dim=1).to(streams.dtype)
+                    for r, s in zip(rows, layout.starts)]
+
+        try:
+            logits = self._chain(executor, layout.rows, logit_rows, tokens.to(self.device), attend, on_layer_input)
+        except Exception as exc:
+            raise self._roll_back(rows, starts_pos, attention_ran[0], exc) from exc
+        for r, p in zip(rows, starts_pos):
+            r.cache.pos = p + r.num_rows
+        self._count(choice, layout, executor)
+        return StepOutput(self._split_logits(rows, logits), choice,
+                          {layer: tuple(v) for layer, v in features.items()})
+
+    def _split_logits(self, rows: Sequence[StepRows], logits: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        out, at = [], 0
+        for r in rows:
+            if r.logits == "all":
+                out.append(logits[at : at + r.num_rows])
+                at += r.num_rows
+            elif r.logits == "last":
+                out.append(logits[at])
+                at += 1
+            else:
+                out.append(None)
+        return tuple(out)
+
+    def _row_batch(self, rows: Sequence[StepRows], starts_pos: Sequence[int]) -> RowBatch:
+        """The attention's view of the real rows, packed in request order (padding left out)."""
+        segments, positions, at = [], [], 0
+        for r, p in zip(rows, starts_pos):
+            pos = torch.arange(p, p + r.num_rows, device=self.device)
+            positions.append(pos)
+            segments.append(Segment(slice(at, at + r.num_rows), r.cache, ChunkState(positions=pos)))
+            at += r.num_rows
+        return RowBatch(torch.cat(positions), segments)
+
+    @staticmethod
+    def _roll_back(rows: Sequence[StepRows], starts_pos: Sequence[int], layer: int | None,
+                   cause: Exception) -> StepFailed:
+        if layer is None:  # no attention ran: no cache was extended
+            return StepFailed(None, cause, tuple(range(len(rows))), ())
+        rolled, lost = [], []
+        for j, (r, p) in enumerate(zip(rows, starts_pos)):
+            # Undoing needs the window rows this step's drop_before released: kept for <= margin rows.
+            if r.num_rows <= ROLLBACK_MARGIN_ROWS:
+                try:
+                    r.cache.pos = p + r.num_rows
+                    r.cache.truncate(p)
+                    rolled.append(j)
+                    continue
+                except Exception:  # noqa: BLE001 - reported as unrecoverable below
+                    r.cache.pos = p
+            lost.append(j)
+        return StepFailed(layer, cause, tuple(rolled), tuple(lost))
+
+    def _count(self, choice: GraphChoice, layout: RowLayout, executor) -> None:
+        self._forwards[choice.kind.value] += 1
+        if executor is self._graphs:
+            self._graph_forwards += 1
+        else:
+            self._eager_forwards += 1
+        self._actual_rows += choice.actual_rows
+        self._padded_rows += layout.rows
+
+    # ---- warm-up and stats -----------------------------------------------------------------------
+    @torch.no_grad()
+    def prepare(self, choice: GraphChoice, logit_rows: int) -> None:
+        """Run (and on CUDA capture) the segments of `choice`'s shape with no request: pad tokens, zero
+        attention outputs, `logit_rows` logit rows. Caches are not touched; counters count it."""
+        rows = choice.padded_rows
+        executor = self._executor(choice)
+        picks = None
+        if logit_rows:
+            bucket = _logit_rows_bucket(logit_rows, rows) if choice.kind is not GraphKind.EAGER else logit_rows
+            picks = torch.zeros(bucket, dtype=torch.long, device=self.device)
+        tokens = torch.full((rows,), PAD_TOKEN, dtype=torch.long, device=self.device)
+        self._chain(executor, rows, picks, tokens, lambda i, x, out: None, lambda i, s: None)
+
+    def stats(self) -> RunnerStats:
+        c = self._counters
+        captured = len(self._graphs.captured_keys) if self._graphs is not None else 0
+        return RunnerStats(dict(self._forwards), self._graph_forwards, self._eager_forwards,
+                           self._forwards[GraphKind.EAGER.value], c.graph_captures, c.graph_replays, c.eager_calls,
+                           self._actual_rows, self._padded_rows, captured)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# CUDA checks and timings of the graph runner, as one prepared run on a lent GPU machine (~2-5 min):
+#
+#   bash scripts/gpu_check.sh            # from the device tool: run(command="bash scripts/gpu_check.sh", timeout_s=420)
+#
+# 1. the CUDA tests: graph replay equals eager for decode buckets, 128-row window and mixed steps, and
+#    the reference model on CUDA equals it on CPU (test/model/test_graph_runner_cuda.py), plus the
+#    CPU graph-runner tests on that machine;
+# 2. eager vs graph-replay timings per decode bucket on the small preset (benchmark/graph_timing.py).
+# It uses the machine's own python3, which holds a CUDA build of PyTorch (a venv made here holds a CPU
+# build and would not help; the machine cannot download): this checkout's package and tests are put
+# on PYTHONPATH, nothing is installed. Results: benchmark/results/gpu_check.json, and where $OUT is set
+# (the device tool's result folder) a copy of it and the logs, to be copied back into the repo.
+# GPU_CHECK_DRY_RUN=1 GPU_CHECK_PYTHON=.venv/bin/python rehearses the whole script on CPU (CUDA tests
+# skip, tiny timing to /tmp) before spending device time.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${GPU_CHECK_PYTHON:-python3}
+LOGS=${OUT:-/tmp/gpu_check}
+RESULT=benchmark/results/gpu_check.json
+TIMING_ARGS=(--preset small)
+TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT:-150}
+TIMING_TIMEOUT=${GPU_CHECK_TIMING_TIMEOUT:-170}
+mkdir -p "$LOGS" benchmark/results
+export PYTHONPATH="$PWD/python:$PWD/test${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+  RESULT=/tmp/gpu_check_dry_run.json
+  TIMING_ARGS=(--preset tiny --device cpu --batches 1,4 --widths 1,4 --step-batches 2 --prompt-len 40 --steps 2 --iters 2)
+else
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$LOGS/gpu_env.log"
+  if ! "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda); sys.exit(0 if torch.cuda.is_available() else 1)' 2>&1 | tee -a "$LOGS/gpu_env.log"; then
+    echo "gpu_check: $PY has no usable CUDA device; nothing to check here" >&2
+    exit 2
+  fi
+fi
+
+start=$SECONDS
+timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=10 \
+  test/model/test_graph_runner_cuda.py test/model/test_graph_runner.py 2>&1 | tee "$LOGS/gpu_tests.log"
+tests_rc=${PIPESTATUS[0]}
+echo "gpu_check: tests rc=$tests_rc in $((SECONDS - start)) s"
+
+start=$SECONDS
+timeout "$TIMING_TIMEOUT" "$PY" benchmark/graph_timing.py "${TIMING_ARGS[@]}" --out "$RESULT" 2>&1 \
+  | tee "$LOGS/gpu_timing.log"
+timing_rc=${PIPESTATUS[0]}
+echo "gpu_check: timing rc=$timing_rc in $((SECONDS - start)) s"
+if [ -n "${OUT:-}" ] && [ -f "$RESULT" ]; then
+  cp "$RESULT" "$OUT/"
+fi
+
+[ "$tests_rc" = 0 ] && [ "$timing_rc" = 0 ]

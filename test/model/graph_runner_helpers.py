@@ -1,0 +1,64 @@
+"""Shared setup of the graph-runner tests: twin request caches (one driven by the reference model,
+one by the runner) holding the same prefilled prompts, and step-by-step comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.helpers import prompt
+from sglang_asym.cache import CacheSizing, RequestCache
+from sglang_asym.model import V41Model
+from sglang_asym.model.graph_runner import GraphRunner, RowKind, StepOutput, StepRows
+
+SIZING = CacheSizing(max_requests=9, max_tokens=1024)
+
+
+@dataclass
+class Twins:
+    model: V41Model
+    ref: list[RequestCache]
+    run: list[RequestCache]
+
+    def release(self) -> None:
+        for c in self.ref + self.run:
+            c.release()
+
+
+def twins(model: V41Model, prompt_lens: list[int], seed: int = 0, sizing: CacheSizing = SIZING) -> Twins:
+    """Requests prefilled with the same prompts in two cache sets of `model`."""
+    ref_set, run_set = model.new_cache_set(sizing), model.new_cache_set(sizing)
+    ref, run = [], []
+    for i, n in enumerate(prompt_lens):
+        tokens = prompt(model.cfg, n, seed=seed + i)
+        a, b = ref_set.new_request(), run_set.new_request()
+        model(tokens, a, logits="none")
+        model(tokens, b, logits="none")
+        ref.append(a)
+        run.append(b)
+    return Twins(model, ref, run)
+
+
+def step_both(t: Twins, runner: GraphRunner, tokens: list[torch.Tensor], kinds: list[RowKind],
+              logits: list[str] | None = None, **run_kwargs) -> tuple[StepOutput, list[torch.Tensor | None]]:
+    """One step: the runner over all requests at once, the reference model request by request."""
+    logits = logits or ["all" if k is RowKind.DECODE else "last" for k in kinds]
+    out = runner.run([StepRows(c, tok, k, lg) for c, tok, k, lg in zip(t.run, tokens, kinds, logits)],
+                     **run_kwargs)
+    ref = [t.model(tok, c, logits=lg) for c, tok, lg in zip(t.ref, tokens, logits)]
+    return out, ref
+
+
+def max_diff(got: list[torch.Tensor | None], want: list[torch.Tensor | None]) -> float:
+    worst = 0.0
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape
+            worst = max(worst, float((g.float().cpu() - w.float().cpu()).abs().max()))
+    return worst
+
+
+def same_argmax(got: list[torch.Tensor | None], want: list[torch.Tensor | None]) -> bool:
+    return all(g is None or torch.equal(g.argmax(-1).cpu(), w.argmax(-1).cpu()) for g, w in zip(got, want))

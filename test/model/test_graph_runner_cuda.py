@@ -1,0 +1,152 @@
+"""The graph runner on CUDA: captured segment graphs replayed for decode buckets (batch bucket x
+(1 + k)), a 128-row window bucket and a breakable mixed step equal eager execution of the same
+segments and the reference model; the reference model on CUDA matches it on CPU. Needs a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.graph_runner_helpers import SIZING, max_diff, same_argmax, step_both, twins
+from model.helpers import build, prompt, weights
+from sglang_asym.config import V41Config
+from sglang_asym.model import V41Model
+from sglang_asym.model.graph_runner import GraphRunner, RowKind, StepRows
+from sglang_asym.sched import ForwardKind, GraphChoice, GraphConfig, GraphKind, SchedulerConfig
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+D, W = RowKind.DECODE, RowKind.WINDOW
+GRAPHS = GraphConfig(decode_batch_sizes=(1, 2, 4, 8), window_row_bucket=128, max_window_graph_rows=512,
+                     mixed_row_buckets=(32, 64, 128, 256))
+SPEC = SchedulerConfig(num_draft_tokens=3, max_running=8, token_budget=512, graphs=GRAPHS)  # verify width 4
+
+
+def cuda_model(dtype: str | None = None, seed: int = 1) -> V41Model:
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons need full-precision matmuls
+    torch.backends.cudnn.allow_tf32 = False
+    model = V41Model(V41Config.preset("tiny"), dtype=dtype, device="cuda")
+    model.load_weights({k: v for k, v in weights("tiny", seed).items() if k in model.expected_tensor_names()})
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return cuda_model()
+
+
+def graph_and_eager_step(t, graph: GraphRunner, eager: GraphRunner, tokens, kinds):
+    """The same step through the graph runner (t.run caches) and the eager runner (t.ref caches)."""
+    got = graph.run([StepRows(c, tok, k) for c, tok, k in zip(t.run, tokens, kinds)])
+    want = eager.run([StepRows(c, tok, k) for c, tok, k in zip(t.ref, tokens, kinds)])
+    assert got.choice == want.choice
+    return got, want
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8])
+def test_decode_bucket_replay_equals_eager(model, batch):
+    t = twins(model, [40 + 13 * i for i in range(batch)])
+    graph, eager = GraphRunner(model, SPEC), GraphRunner(model, SPEC, backend="eager", moe="static")
+    assert graph.backend.value == "cuda_graph"
+    segments = model.cfg.num_hidden_layers + 1
+    for step in range(4):
+        q_lens = [4] * batch if step % 2 else [1 + (step + i) % 4 for i in range(batch)]
+        tokens = [prompt(model.cfg, q, seed=1000 * batch + 10 * step + i) for i, q in enumerate(q_lens)]
+        got, want = graph_and_eager_step(t, graph, eager, tokens, [D] * batch)
+        assert got.choice.kind is GraphKind.FULL and got.choice.padded_shape[1] == 4
+        assert max_diff(got.logits, want.logits) <= 1e-5 and same_argmax(got.logits, want.logits)
+    stats = graph.stats()
+    assert stats.graph_forwards == 4 and stats.eager_forwards == 0
+    # one graph per segment for the bucket, one per distinct logit-row bucket; later steps only replay
+    assert stats.graph_captures == stats.captured_shapes
+    assert segments + 1 <= stats.graph_captures <= segments + 3
+    assert stats.graph_replays == 4 * (segments + 1)
+    t.release()
+
+
+def test_replay_reads_new_inputs(model):
+    """A replayed graph computes from this step's data, not the data it was captured with."""
+    t = twins(model, [50, 61])
+    graph, eager = GraphRunner(model, SPEC), GraphRunner(model, SPEC, backend="eager", moe="static")
+    for step in range(3):
+        tokens = [prompt(model.cfg, 2, seed=50 + 7 * step + i) for i in range(2)]
+        got, want = graph_and_eager_step(t, graph, eager, tokens, [D, D])
+        assert max_diff(got.logits, want.logits) <= 1e-5
+        if step:
+            assert not torch.equal(got.logits[0], previous)
+        previous = got.logits[0].clone()
+    t.release()
+
+
+@pytest.mark.parametrize("window_rows", [[128], [70, 58], [50, 40, 60]])
+def test_window_row_bucket_replay_equals_eager(model, window_rows):
+    t = twins(model, [30 + 20 * i for i in range(len(window_rows))])
+    graph, eager = GraphRunner(model, SPEC), GraphRunner(model, SPEC, backend="eager", moe="static")
+    for step in range(2):
+        tokens = [prompt(model.cfg, n, seed=2000 + 10 * step + i) for i, n in enumerate(window_rows)]
+        got, want = graph_and_eager_step(t, graph, eager, tokens, [W] * len(window_rows))
+        expected = 128 if sum(window_rows) <= 128 else 256
+        assert (got.choice.kind, got.choice.padded_shape) == (GraphKind.ROW_BUCKET, (expected,))
+        assert max_diff(got.logits, want.logits) <= 1e-5 and same_argmax(got.logits, want.logits)
+    t.release()
+
+
+def test_mixed_breakable_replay_equals_eager(model):
+    t = twins(model, [64, 90, 10])
+    graph, eager = GraphRunner(model, SPEC), GraphRunner(model, SPEC, backend="eager", moe="static")
+    tokens = [prompt(model.cfg, n, seed=3000 + i) for i, n in enumerate([4, 1, 32])]
+    got, want = graph_and_eager_step(t, graph, eager, tokens, [D, D, W])
+    assert (got.choice.forward, got.choice.kind, got.choice.padded_shape) == (
+        ForwardKind.MIXED, GraphKind.BREAKABLE, (64,))
+    assert max_diff(got.logits, want.logits) <= 1e-5 and same_argmax(got.logits, want.logits)
+    t.release()
+
+
+def test_graph_runner_equals_reference_model(model):
+    t = twins(model, [33, 70, 129])
+    graph = GraphRunner(model, SPEC)
+    for step in range(3):
+        tokens = [prompt(model.cfg, q, seed=4000 + 10 * step + i) for i, q in enumerate([4, 1, 3])]
+        out, ref = step_both(t, graph, tokens, [D] * 3)
+        assert max_diff(out.logits, ref) <= 1e-4 and same_argmax(out.logits, ref)
+    t.release()
+
+
+def test_prepared_buckets_only_replay(model):
+    graph = GraphRunner(model, SPEC)
+    for batch in GRAPHS.decode_batch_sizes:
+        graph.prepare(GraphChoice(ForwardKind.DECODE, GraphKind.FULL, 1, 1, (batch, 4)), logit_rows=batch * 4)
+    captured = graph.stats().graph_captures
+    assert captured == len(GRAPHS.decode_batch_sizes) * (model.cfg.num_hidden_layers + 2)
+    t = twins(model, [20, 21, 22, 23])
+    graph.run([StepRows(c, prompt(model.cfg, 4, seed=i)) for i, c in enumerate(t.run)])
+    assert graph.stats().graph_captures == captured
+    t.release()
+
+
+def test_bf16_replay_equals_eager():
+    model = cuda_model(dtype="bfloat16")
+    t = twins(model, [45, 80])
+    graph, eager = GraphRunner(model, SPEC), GraphRunner(model, SPEC, backend="eager", moe="static")
+    for step in range(2):
+        tokens = [prompt(model.cfg, 4, seed=5000 + 10 * step + i) for i in range(2)]
+        got, want = graph_and_eager_step(t, graph, eager, tokens, [D, D])
+        assert max_diff(got.logits, want.logits) <= 1e-2
+    t.release()
+
+
+def test_reference_model_cuda_matches_cpu(model):
+    """The reference model itself on CUDA against CPU (fp32): prefill logits and greedy decode."""
+    cpu = build("tiny", seed=1)
+    tokens = prompt(cpu.cfg, 150, seed=9)
+    caches = [m.new_cache_set(SIZING).new_request() for m in (cpu, model)]
+    logits = [m(tokens, c, logits="all") for m, c in zip((cpu, model), caches)]
+    assert float((logits[0] - logits[1].cpu()).abs().max()) <= 1e-4
+    last = [lg[-1] for lg in logits]
+    for _ in range(6):
+        next_tokens = [int(lg.argmax()) for lg in last]
+        assert next_tokens[0] == next_tokens[1]
+        last = [m(torch.tensor([next_tokens[0]]), c, logits="last") for m, c in zip((cpu, model), caches)]
+        assert float((last[0] - last[1].cpu()).abs().max()) <= 1e-4
+    for c in caches:
+        c.release()

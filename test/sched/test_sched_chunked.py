@@ -1,0 +1,203 @@
+"""Chunked windows (SchedulerConfig.window_chunk): chunks sized to the budget left, the budget never
+exceeded, the queue head always progresses, one request finishes its window before the next starts,
+and every request's window completes within max_admission_delay_steps (hypothesis + examples)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sched_strategies import configs, operations, sched_settings
+from sglang_asym.sched import (
+    AdmitReason,
+    RunningRequest,
+    Scheduler,
+    SchedulerConfig,
+    WaitingRequest,
+    choose_graphs,
+    max_admission_delay_steps,
+    max_rows_per_step,
+    min_chunk_rows,
+    plan_step,
+)
+from sglang_asym.sched.explain import explain_decision
+
+SETTINGS = sched_settings(400)
+
+
+@st.composite
+def chunked_configs(draw) -> SchedulerConfig:
+    config = draw(configs(policy="budget"))
+    return replace(config, window_chunk=draw(st.integers(1, config.window)))
+
+
+@st.composite
+def chunked_states(draw):
+    """(config, running, waiting, step); the head may be part-way through its window."""
+    config = draw(chunked_configs())
+    step = draw(st.integers(1, 30))
+    running = [RunningRequest(f"run{i}", draw(st.integers(1, config.verify_width)))
+               for i in range(draw(st.integers(0, config.max_running)))]
+    arrivals = sorted(draw(st.lists(st.integers(0, step - 1), max_size=config.max_waiting)))
+    waiting = [WaitingRequest(f"wait{i}", draw(st.integers(1, config.window)), arrival, float(arrival))
+               for i, arrival in enumerate(arrivals)]
+    if waiting and draw(st.booleans()):
+        waiting[0] = replace(waiting[0], last_chunk_step=draw(st.integers(waiting[0].arrival_step, step - 1)))
+    return config, running, waiting, step
+
+
+@SETTINGS
+@given(chunked_states())
+def test_chunked_steps_stay_within_the_budget_and_admit_a_fifo_prefix(state) -> None:
+    config, running, waiting, step = state
+    plan = plan_step(running, waiting, step, config)
+    assert plan.decode == tuple(running)
+    assert plan.total_rows <= config.token_budget == max_rows_per_step(config)
+    assert plan.window_rows <= config.max_window_rows_per_step
+    n = len(plan.admitted)
+    assert [w.request_id for w in plan.admitted] == [w.request_id for w in waiting[:n]]
+    for piece, whole in zip(plan.admitted, waiting):
+        assert 1 <= piece.window_rows <= min(whole.window_rows, config.window_chunk)
+    # only the last admitted request may be partial, and admission stops at it
+    assert all(piece.window_rows == whole.window_rows for piece, whole in zip(plan.admitted[:-1], waiting))
+    if plan.partial:
+        assert plan.partial == (plan.admitted[-1].request_id,) and len(plan.decisions) == n
+    assert not any(d.reason.over_budget for d in plan.decisions)
+    assert len(running) + n <= config.max_running
+
+
+@SETTINGS
+@given(chunked_states())
+def test_the_head_progresses_whenever_a_slot_is_free(state) -> None:
+    config, running, waiting, step = state
+    plan = plan_step(running, waiting, step, config)
+    if waiting and len(running) < config.max_running:
+        head = waiting[0]
+        assert plan.admitted and plan.admitted[0].request_id == head.request_id
+        assert plan.admitted[0].window_rows >= min(head.window_rows, min_chunk_rows(config))
+    blocked = plan.blocked
+    if blocked is not None and blocked.reason is not AdmitReason.NO_SLOT:  # greedy: nothing was left
+        assert blocked.budget_left < 1 or blocked.window_rows_left < 1
+
+
+@SETTINGS
+@given(chunked_states())
+def test_chunked_graph_forwards_cover_the_rows(state) -> None:
+    config, running, waiting, step = state
+    plan = plan_step(running, waiting, step, config)
+    assert sum(g.actual_rows for g in choose_graphs(plan, config)) == plan.total_rows
+
+
+def _run(config: SchedulerConfig, script):
+    """Drive a Scheduler; check per step and record when each request's window completed."""
+    s = Scheduler(config)
+    arrival, completed, rows_run, full_steps, partial = {}, {}, {}, [], []
+
+    def step() -> None:
+        before_running, before_waiting = s.running, s.waiting
+        result = s.step()
+        if result is None:
+            assert not before_running and not before_waiting
+            return
+        plan = result.plan
+        if len(before_running) == config.max_running:
+            full_steps.append(plan.step)
+        assert plan.total_rows <= config.token_budget
+        # at most the head is part-way through its window, before and after the step
+        assert all(w.last_chunk_step is None for w in s.waiting[1:])
+        partial.extend(plan.partial)
+        for piece in plan.admitted:
+            rows_run[piece.request_id] = rows_run.get(piece.request_id, 0) + piece.window_rows
+            if piece.request_id not in plan.partial:
+                completed[piece.request_id] = plan.step
+                assert any(r.request_id == piece.request_id for r in s.running)
+
+    windows = {}
+    for n, (op, arg) in enumerate(script):
+        if op == "enqueue" and len(s.waiting) < config.max_waiting:
+            rid = f"q{n}"
+            arrival[rid] = (s.next_step, len(s.waiting))
+            windows[rid] = arg
+            s.enqueue(rid, arg)
+        elif op == "step":
+            step()
+        elif op == "finish" and s.running:
+            s.finish(s.running[arg % len(s.running)].request_id)
+        elif op == "abort" and s.waiting:
+            rid = s.waiting[arg % len(s.waiting)].request_id
+            s.abort(rid)
+            windows.pop(rid)
+    while s.waiting:
+        if len(s.running) == config.max_running:
+            s.finish(s.running[0].request_id)
+        step()
+    return s, arrival, completed, rows_run, windows, full_steps, len(partial)
+
+
+@sched_settings(250)
+@given(st.data())
+def test_every_window_completes_within_the_bound_in_fifo_order(data) -> None:
+    config = data.draw(chunked_configs())
+    s, arrival, completed, rows_run, windows, full_steps, chunks = _run(config, data.draw(operations(config)))
+    assert set(completed) == set(windows)
+    for rid, at in completed.items():
+        assert rows_run[rid] == windows[rid]  # every row of the window ran exactly once
+        start, ahead = arrival[rid]
+        full = sum(1 for t in full_steps if start <= t <= at)
+        assert at - start <= max_admission_delay_steps(config, ahead) + full
+    order = sorted(completed, key=lambda rid: (completed[rid], arrival[rid]))
+    assert order == sorted(completed, key=lambda rid: arrival[rid])
+    c = s.counters
+    assert c.admitted == len(completed) and c.steps_over_budget == c.admitted_over_budget == 0
+    assert c.window_chunks == chunks >= sum(-(-rows // config.window_chunk) - 1 for rows in windows.values())
+    assert c.window_rows == sum(rows_run.values())
+
+
+def test_a_burst_runs_one_window_after_the_other_in_budget_sized_chunks() -> None:
+    config = SchedulerConfig(token_budget=48, max_window_rows_per_step=128, max_running=24, num_draft_tokens=0,
+                             window=128, window_chunk=32)
+    s = Scheduler(config)
+    for i in range(16):
+        s.add_running(f"run{i}")
+    s.enqueue("a", 128)
+    s.enqueue("b", 100)
+    shapes = []
+    while s.waiting:
+        plan = s.step().plan
+        shapes.append([(w.request_id, w.window_rows) for w in plan.admitted])
+        assert plan.total_rows <= 48
+    # a: four chunks of 32 (16 decode rows leave 32); then 17 decode rows leave 31 for b
+    assert shapes == [[("a", 32)], [("a", 32)], [("a", 32)], [("a", 32)], [("b", 31)], [("b", 31)],
+                      [("b", 31)], [("b", 7)]]
+    assert s.counters.admitted == 2 and s.counters.window_chunks == 6
+    decision = plan_step(s.running, [WaitingRequest("c", 100, 8, last_chunk_step=None)], 8, config).decisions[0]
+    assert decision.reason is AdmitReason.CHUNK and decision.chunk_rows == 30
+    assert explain_decision(decision, config, 0).startswith("admit 30 rows of 'c' (100 window rows")
+
+
+def test_chunked_config_and_views_are_validated() -> None:
+    with pytest.raises(ValueError, match="window_chunk"):
+        SchedulerConfig(window=128, window_chunk=129, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="window_chunk"):
+        SchedulerConfig(window=128, window_chunk=0, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="last_chunk_step"):
+        WaitingRequest("a", 5, 3, last_chunk_step=2)
+    unchunked = SchedulerConfig(num_draft_tokens=0)
+    with pytest.raises(ValueError, match="not chunked"):
+        plan_step([], [WaitingRequest("a", 5, 0, last_chunk_step=1)], 4, unchunked)
+    with pytest.raises(ValueError, match="chunked windows"):
+        min_chunk_rows(unchunked)
+
+
+def test_a_window_under_way_is_not_timed_out() -> None:
+    config = SchedulerConfig(token_budget=20, max_window_rows_per_step=128, max_running=4, num_draft_tokens=0,
+                             window=128, window_chunk=16, wait_timeout_s=5.0)
+    s = Scheduler(config)
+    s.enqueue("a", 100, arrival_time=0.0)
+    s.enqueue("b", 10, arrival_time=0.0)
+    assert [w.window_rows for w in s.step().plan.admitted] == [16]
+    assert [e.request_id for e in s.expire(10.0)] == ["b"]
+    assert [(w.request_id, w.window_rows, w.last_chunk_step) for w in s.waiting] == [("a", 84, 0)]

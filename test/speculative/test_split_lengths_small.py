@@ -1,0 +1,105 @@
+"""The `small` preset (the real 40-layer schedule, W = 128, 128 experts): the greedy split pipeline
+with speculative decoding produces the single-process reference's tokens (without speculation) at
+every prompt length of the split acceptance list. test_split_lengths.py does the same on `tiny`.
+
+Kept bounded for CI: a few generated tokens, and a drafter that proposes the reference continuation
+with one draft corrupted per step (so every step verifies 1 + k rows, accepts a part and rolls the
+rest back: at the compressor pair boundaries and the window edge of each length). The random DSpark
+drafter runs at one length to cover its feature capture on this schedule."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from model.helpers import build, prompt
+from sglang_asym.asym import run_prefix, run_reference, run_window
+from sglang_asym.cache import CacheSizing
+from sglang_asym.model.dspark import Chooser, Draft, DSparkDrafter, random_drafter_weights
+from sglang_asym.model.steps import greedy_continue
+from sglang_asym.speculative import GREEDY, generate, sample_token, start_request
+from sglang_asym.split import SplitPlan
+
+W = 128
+NEW_TOKENS = 6
+K = 3
+SIZING = CacheSizing(max_requests=2, max_tokens=4097 + NEW_TOKENS + 8, max_chunk_tokens=4097)
+
+
+@lru_cache(maxsize=None)
+def models():
+    return build("small", 0, cache_quant="release"), build("small", 0, role="prefill", cache_quant="release")
+
+
+class CorruptedReference:
+    """Proposes the reference continuation (position -> token) with draft index `bad[step % len]`
+    replaced by a wrong token: accepted lengths 0 .. k all occur."""
+
+    feature_layers: tuple[int, ...] = ()
+    max_draft = 5
+
+    def __init__(self, first_pos: int, continuation: list[int], vocab: int, bad: tuple[int, ...] = (1, 0, 2, 3)):
+        self.at = {first_pos + i: t for i, t in enumerate(continuation)}
+        self.vocab, self.bad, self.steps = vocab, bad, 0
+
+    def new_state(self):
+        return None
+
+    def observe(self, state, captured, first_pos: int) -> None:
+        pass
+
+    def rollback(self, state, pos: int) -> None:
+        pass
+
+    def propose(self, state, anchor: int, pos: int, k: int, choose: Chooser) -> Draft:
+        bad = self.bad[self.steps % len(self.bad)]
+        self.steps += 1
+        tokens = [self.at.get(pos + 1 + j, 0) for j in range(k)]
+        tokens = [(t + 1) % self.vocab if j == bad else t for j, t in enumerate(tokens)]
+        logits = torch.full((k, self.vocab), -30.0)
+        logits[torch.arange(k), torch.tensor(tokens)] = 30.0
+        return Draft(tuple(choose(row) for row in logits), logits)
+
+
+@pytest.mark.parametrize("n", [1, 2, W - 1, W, W + 1, W + 2, 2 * W + 1, 1000, 4097])
+def test_small_split_with_speculation_equals_reference_without(n):
+    model, prefill_model = models()
+    tokens = prompt(model.cfg, n, seed=n + 5)
+    split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
+    d_caches = model.new_cache_set(SIZING)
+    ref_logits, ref_cache = run_reference(model, d_caches, tokens, split)
+    want, _ = greedy_continue(model, ref_cache, ref_logits, NEW_TOKENS)
+    ref_cache.release()
+
+    drafter = CorruptedReference(n, want, model.cfg.vocab_size)
+    state = run_prefix(prefill_model, prefill_model.new_cache_set(SIZING), tokens, split)
+    first, cache = run_window(model, d_caches, state, tokens, split)
+    req = start_request(drafter, cache, sample_token(first, GREEDY), model.captured, split.boundary)
+    got = [req.anchor] + generate(model, drafter, req, NEW_TOKENS - 1, K)
+    cache.release()
+    assert got == want
+    assert 0 < req.stats.accepted < req.stats.proposed
+    d_caches.check_no_leak()
+
+
+def test_small_split_with_the_dspark_drafter():
+    model, prefill_model = models()
+    drafter = DSparkDrafter(model)
+    drafter.load_weights(random_drafter_weights(model.cfg, 1))
+    n = 2 * W + 1
+    tokens = prompt(model.cfg, n, seed=77)
+    split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
+    d_caches = model.new_cache_set(SIZING)
+    ref_logits, ref_cache = run_reference(model, d_caches, tokens, split)
+    want, _ = greedy_continue(model, ref_cache, ref_logits, NEW_TOKENS)
+    ref_cache.release()
+    state = run_prefix(prefill_model, prefill_model.new_cache_set(SIZING), tokens, split)
+    first, cache = run_window(model, d_caches, state, tokens, split, capture=drafter.feature_layers)
+    req = start_request(drafter, cache, sample_token(first, GREEDY), model.captured, split.boundary)
+    got = [req.anchor] + generate(model, drafter, req, NEW_TOKENS - 1, K)
+    cache.release()
+    assert got == want
+    assert req.stats.proposed >= K
+    d_caches.check_no_leak()
