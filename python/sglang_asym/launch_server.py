@@ -48,9 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked-prefill-size", type=int, default=1024)
     p.add_argument("--decode-token-budget", type=int, default=256, help="rows per decode-worker step")
     p.add_argument("--window-chunk-size", type=int, default=None,
-                   help="decode worker: window rows per step and request (default: the whole window)")
+                   help="decode worker: at most this many window rows per step and request, each chunk sized "
+                        "to the token budget left beside the decode rows, so a step never exceeds "
+                        "--decode-token-budget (default: --asym-window); 0 runs every window whole in one step, "
+                        "admitting an aged queue head over the budget")
     p.add_argument("--schedule-mode", choices=["mixed", "separate"], default="mixed")
     p.add_argument("--admission-policy", choices=["budget", "admit_all"], default="budget")
+    p.add_argument("--graph-backend", choices=["auto", "eager", "emulated_graph"], default="auto",
+                   help="decode worker's model runner: auto (eager on CPU), eager, or emulated_graph (the graph "
+                        "path's static buffers replayed on CPU: a check of the CUDA-graph plumbing)")
     p.add_argument("--transfer-timeout", type=float, default=30.0,
                    help="seconds a decode request waits for its prefill worker to start the transfer")
     p.add_argument("--log-level", default="info")
@@ -66,6 +72,9 @@ def validate(args: argparse.Namespace) -> None:
                          f"got {args.speculative_num_draft_tokens}")
     if args.asym_window < 1 or args.max_running_requests < 1 or args.max_total_tokens < 2:
         raise SystemExit("error: --asym-window, --max-running-requests and --max-total-tokens must be positive")
+    if args.window_chunk_size is not None and not 0 <= args.window_chunk_size <= args.asym_window:
+        raise SystemExit(f"error: --window-chunk-size must be in [0, --asym-window={args.asym_window}] (0 runs "
+                         f"every window whole in one step), got {args.window_chunk_size}")
     from .runtime.engine.options import DEFAULT_SEMANTICS, check_mode_semantics
 
     if args.asym_semantics is None:
@@ -101,6 +110,14 @@ def validate_draft_tokens(model_path: str, k: int) -> None:
                          "(use --speculative-num-draft-tokens 0)")
 
 
+def window_chunk(args: argparse.Namespace) -> int | None:
+    """SchedulerConfig.window_chunk for --window-chunk-size: unset -> the window (budget-sized chunks of up
+    to a whole window), 0 -> None (whole windows), c -> c."""
+    if args.window_chunk_size is None:
+        return args.asym_window
+    return args.window_chunk_size or None
+
+
 def engine_options(args: argparse.Namespace):
     from .runtime.engine.options import EngineOptions
 
@@ -108,12 +125,11 @@ def engine_options(args: argparse.Namespace):
     budget = max(args.decode_token_budget, args.max_running_requests * (1 + k), args.asym_window)
     sched = SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, args.asym_window),
                             max_running=args.max_running_requests, num_draft_tokens=k, window=args.asym_window,
-                            mode=args.schedule_mode, policy=args.admission_policy)
+                            mode=args.schedule_mode, policy=args.admission_policy, window_chunk=window_chunk(args))
     return EngineOptions(model_path=args.model_path, window=args.asym_window, semantics=args.asym_semantics,
                          cache_quant=args.cache_quant, max_running=args.max_running_requests,
                          max_total_tokens=args.max_total_tokens, prefill_chunk=args.chunked_prefill_size,
-                         window_chunk=args.window_chunk_size,
-                         transfer_timeout_s=args.transfer_timeout,
+                         transfer_timeout_s=args.transfer_timeout, graph_backend=args.graph_backend,
                          bootstrap_port=args.disaggregation_bootstrap_port, scheduler=sched)
 
 

@@ -1,8 +1,8 @@
-"""V41Model.forward_batch (the decode worker's step forward) gives what per-request forwards give: several
+"""V41Model.forward_batch (several requests' rows in one pass) gives what per-request forwards give: several
 requests at different positions (compressor pair boundaries, the window edge, chunked prompts), decode
 rows and multi-row chunks in one pass, logits within 1e-5 (fp32) and identical greedy tokens. And the
-DecodeLoop built on it: mixed / separate / chunked / admit-all steps give the reference tokens, and a
-request that fails inside a batched forward fails alone."""
+DecodeLoop (its batched forwards through the model runner): mixed / separate / chunked / admit-all steps
+give the reference tokens, and a request that fails inside a batched forward fails alone."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ class ColocatedEngine(EngineBase):
         self._prefix_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,
                                on_step=self._on_step, window_chunk=options.window_chunk,
-                               drafter=load_drafter(model, options.model_path, options.scheduler.num_draft_tokens))
+                               drafter=load_drafter(model, options.model_path, options.scheduler.num_draft_tokens),
+                               graph_backend=options.graph_backend)
         self._gate = JoinGate(min(options.max_running, options.scheduler.max_running))
         self._seed = 0  # fallback seeds of unseeded sampled requests (exact semantics)
         self.loop.start()

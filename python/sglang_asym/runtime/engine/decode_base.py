@@ -45,7 +45,8 @@ class DecodeEngineBase(EngineBase):
         self._probe_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe-prefix")
         self.loop = DecodeLoop(model, model.new_cache_set(sizing), options.scheduler, model.cfg.eos_token_id,
                                on_step=self._on_step, window_chunk=options.window_chunk,
-                               drafter=load_drafter(model, options.model_path, options.scheduler.num_draft_tokens))
+                               drafter=load_drafter(model, options.model_path, options.scheduler.num_draft_tokens),
+                               graph_backend=options.graph_backend)
         self.loop.start()
         self._receivers: dict[str, object] = {}
 

@@ -2,10 +2,12 @@
 scheduler what to run, executes window steps (the last W prompt tokens over a transferred prefix)
 and decode steps, samples, and hands token events back to the asyncio side.
 
-Every forward is ONE batched model pass (`V41Model.forward_batch`) over the rows of all requests in
-it: the decode (or speculative verify) rows of every running request and the window rows admitted
-this step. Step semantics follow a GPU forward: in a mixed step every token of the step is emitted
-when the whole step is done; in separate mode the decode forward's tokens go out before the window
+Every forward is ONE batched pass of the model runner (`model.graph_runner.GraphRunner`) over the rows
+of all requests in it: the decode (or speculative verify) rows of every running request and the window
+rows admitted this step, at the graph shape `sched.graphs.choose_graphs` picks for the planned step
+(FULL decode bucket x (1 + k), ROW_BUCKET window, BREAKABLE / EAGER mixed); on CPU the same shape
+decisions run eagerly. Step semantics follow a GPU forward: in a mixed step every token of the step is
+emitted when the whole step is done; in separate mode the decode forward's tokens go out before the window
 forward runs. Windows may run in chunks (the scheduler sizes them to the token budget).
 
 With a drafter and num_draft_tokens k > 0, a request that has its first token decodes speculatively:
@@ -27,8 +29,9 @@ import torch
 from ...asym import PrefixState, install_prefix
 from ...cache import CacheSet, OutOfPages, RequestCache
 from ...model import V41Model
-from ...model.model import InvalidSegment, SegmentInput, SegmentOutput
-from ...sched import Scheduler, SchedulerConfig, StepMode
+from ...model.graph_runner import GraphRunner, RowKind, RunnerStats, StepFailed, StepRows
+from ...model.model import SegmentInput, SegmentOutput
+from ...sched import ForwardKind, GraphChoice, Scheduler, SchedulerConfig, StepMode, choose_graphs
 from ...speculative import (AcceptanceStats, Drafter, Sampling, SpecRequest, accept, check_draft_len, commit,
                             drafter_from_checkpoint, propose)
 from ...split import SplitPlan
@@ -71,6 +74,7 @@ class StepRecord:
     proposed: int = 0  # draft tokens proposed this step (speculative decoding)
     accepted: int = 0  # of those, accepted by the target
     emitted: int = 0  # tokens the step's decode rows emitted (accepted drafts + one per verify)
+    graphs: tuple[str, ...] = ()  # graph kind of each batched forward, in order (reruns after a failure left out)
 
 
 @dataclass
@@ -91,11 +95,16 @@ class _Work:
     def input(self) -> SegmentInput:
         return SegmentInput(self.tokens, self.req.cache, self.logits, self.capture)
 
+    @property
+    def rows(self) -> StepRows:
+        return StepRows(self.req.cache, self.tokens, RowKind.WINDOW if self.window else RowKind.DECODE, self.logits)
+
 
 @dataclass
 class _StepTally:
     spec: AcceptanceStats = field(default_factory=AcceptanceStats)  # the step's speculative verifies
     plain_tokens: int = 0  # tokens of plain (non-speculative) decode rows
+    graphs: list[str] = field(default_factory=list)  # graph kind of each batched forward
 
 
 def load_drafter(model: V41Model, model_path: str, num_draft_tokens: int) -> Drafter | None:
@@ -110,10 +119,13 @@ def _sampling(params: SamplingParams) -> Sampling:
 class DecodeLoop:
     def __init__(self, model: V41Model, cache_set: CacheSet, sched_config: SchedulerConfig,
                  eos_token_id: int, on_step: Callable[[StepRecord], None] | None = None,
-                 window_chunk: int | None = None, drafter: Drafter | None = None) -> None:
+                 window_chunk: int | None = None, drafter: Drafter | None = None,
+                 graph_backend: str = "auto") -> None:
         """`window_chunk` (if given) overrides sched_config.window_chunk: a window runs over several steps,
         at most that many rows per step. With sched_config.num_draft_tokens k > 0 a drafter is required
-        and requests decode speculatively with up to k drafts per step."""
+        and requests decode speculatively with up to k drafts per step. `graph_backend` is the model
+        runner's backend: 'auto' (CUDA graphs on a CUDA model, else eager), 'eager', 'cuda_graph',
+        'emulated_graph'."""
         if window_chunk is not None:
             sched_config = replace(sched_config, window_chunk=window_chunk)
         self.num_draft_tokens = sched_config.num_draft_tokens
@@ -126,6 +138,9 @@ class DecodeLoop:
         self._features = self.drafter.feature_layers if self.drafter is not None else ()
         self.model, self.cache_set, self.eos = model, cache_set, eos_token_id
         self.scheduler = Scheduler(sched_config)
+        self.sched_config = sched_config
+        self.runner = GraphRunner(model, sched_config, backend=graph_backend)
+        self._graph_stats = self.runner.stats()
         self.window_chunk = sched_config.chunk_rows
         self.on_step = on_step
         self._inbox: queue.Queue = queue.Queue()
@@ -134,7 +149,7 @@ class DecodeLoop:
         self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
         self._seed = 0
         self._acceptance = AcceptanceStats()
-        self._acceptance_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
 
     # ---- control (any thread) -------------------------------------------------------------
     def start(self) -> None:
@@ -166,9 +181,15 @@ class DecodeLoop:
     def acceptance(self) -> AcceptanceStats:
         """Speculative decoding totals so far (steps, proposed, accepted, emitted; a copy)."""
         copy = AcceptanceStats()
-        with self._acceptance_lock:
+        with self._stats_lock:
             copy.merge(self._acceptance)
         return copy
+
+    @property
+    def graph_stats(self) -> RunnerStats:
+        """The model runner's totals after the last step: forwards by graph kind, padding, replays."""
+        with self._stats_lock:
+            return self._graph_stats
 
     # ---- loop thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -182,23 +203,25 @@ class DecodeLoop:
             t0 = time.perf_counter()
             plan = step.plan
             events: list[Emission] = []
+            planned = choose_graphs(plan, self.sched_config)
             decode = self._decode_work(plan, events)
             windows = self._window_work(plan, events)
             stats = _StepTally()
             if plan.mode is StepMode.SEPARATE:
-                events += self._execute(decode, stats)
+                events += self._execute(decode, stats, planned)
                 self._flush(events)
-                events = self._execute(windows, stats)
+                events = self._execute(windows, stats, planned)
             else:
-                events += self._execute(decode + windows, stats)
+                events += self._execute(decode + windows, stats, planned)
             self._flush(events)
-            if stats.spec.steps:
-                with self._acceptance_lock:
+            with self._stats_lock:
+                if stats.spec.steps:
                     self._acceptance.merge(stats.spec)
+                self._graph_stats = self.runner.stats()
             if self.on_step is not None:
                 self.on_step(StepRecord(plan.step, plan.shape.value, plan.decode_rows, plan.window_rows,
                                         time.perf_counter() - t0, stats.spec.proposed, stats.spec.accepted,
-                                        stats.spec.emitted + stats.plain_tokens))
+                                        stats.spec.emitted + stats.plain_tokens, tuple(stats.graphs)))
         self._flush([self._finish(req, None, error="decode worker stopped") for req in list(self._requests.values())])
 
     def _drain_inbox(self, block: bool) -> None:
@@ -222,13 +245,19 @@ class DecodeLoop:
             except queue.Empty:
                 return
 
-    def _add(self, req: ActiveRequest) -> None:
+    def _refuse_early(self, req: ActiveRequest) -> bool:
+        """End a request that needs no step (a known id, no token wanted) with its final event; True if so."""
         if req.rid in self._requests:
-            req.emit(TokenEvent(req.rid, (), True, FinishReason.abort("duplicate request id"),
-                                error=f"request id {req.rid!r} is already running"))
-            return
+            self._flush([(req.emit, TokenEvent(req.rid, (), True, FinishReason.abort("duplicate request id"),
+                                               error=f"request id {req.rid!r} is already running"))])
+            return True
         if req.sampling.max_new_tokens == 0:
-            req.emit(TokenEvent(req.rid, (), True, FinishReason.of_length(0)))
+            self._flush([(req.emit, TokenEvent(req.rid, (), True, FinishReason.of_length(0)))])
+            return True
+        return False
+
+    def _add(self, req: ActiveRequest) -> None:
+        if self._refuse_early(req):
             return
         if req.prompt.numel() != req.split.prompt_len:
             req.emit(TokenEvent(req.rid, (), True, FinishReason.abort("bad request"),
@@ -244,12 +273,7 @@ class DecodeLoop:
         self._requests[req.rid] = req
 
     def _join(self, req: ActiveRequest, first_token: int, install: Callable[[CacheSet], RequestCache]) -> None:
-        if req.rid in self._requests:
-            req.emit(TokenEvent(req.rid, (), True, FinishReason.abort("duplicate request id"),
-                                error=f"request id {req.rid!r} is already running"))
-            return
-        if req.sampling.max_new_tokens == 0:
-            req.emit(TokenEvent(req.rid, (), True, FinishReason.of_length(0)))
+        if self._refuse_early(req):
             return
         try:
             req.cache = install(self.cache_set)
@@ -316,11 +340,11 @@ class DecodeLoop:
         return work
 
     # ---- one step: running it -------------------------------------------------------------------------
-    def _execute(self, work: list[_Work], stats: _StepTally) -> list[Emission]:
+    def _execute(self, work: list[_Work], stats: _StepTally, planned: tuple[GraphChoice, ...]) -> list[Emission]:
         if not work:
             return []
         events: list[Emission] = []
-        for item, out in zip(work, self._forward(work)):
+        for item, out in zip(work, self._forward(work, planned, stats)):
             if item.req.rid not in self._requests:
                 continue
             if isinstance(out, Exception):
@@ -337,52 +361,99 @@ class DecodeLoop:
                 events.append(self._finish(item.req, None, error=f"step failed: {exc}"))
         return [e for e in events if e is not None]
 
-    def _forward(self, work: list[_Work]) -> list[SegmentOutput | Exception]:
+    def _forward(self, work: list[_Work], planned: tuple[GraphChoice, ...],
+                 stats: _StepTally) -> list[SegmentOutput | Exception]:
         """One batched forward. An input the model refuses before touching any cache fails alone and the
-        rest runs again. If the forward fails midway, each request is restored and run alone, so only a
+        rest runs. If the forward fails midway, each request is restored and run alone, so only a
         request that fails on its own is lost."""
         results: list[SegmentOutput | Exception | None] = [None] * len(work)
-        pending = list(range(len(work)))
-        while pending:
-            try:
-                outputs = self.model.forward_batch([work[i].input for i in pending])
-            except InvalidSegment as exc:
-                results[pending.pop(exc.index)] = exc.error
-                continue
-            except Exception as exc:
-                if len(pending) == 1:
-                    if not isinstance(exc, OutOfPages):
-                        logger.exception("forward of %s failed", work[pending[0]].req.rid)
-                    results[pending[0]] = exc
-                else:
-                    logger.warning("batched forward of %d requests failed (%s); running each alone", len(pending), exc)
-                    for i in pending:
-                        results[i] = self._rerun_alone(work[i])
-                break
-            for i, out in zip(pending, outputs):
-                results[i] = out
-            break
+        pending = []
+        for i, item in enumerate(work):
+            refusal = self._refusal(item)
+            if refusal is None:
+                pending.append(i)
+            else:
+                results[i] = refusal
+        if not pending:
+            return results
+        batch = [work[i] for i in pending]
+        try:
+            choice = self._choice([item.rows for item in batch], planned)
+            stats.graphs.append(choice.kind.value)
+            outputs = self._run_rows(batch, choice)
+        except Exception as exc:
+            if len(pending) == 1:
+                cause = exc.cause if isinstance(exc, StepFailed) else exc
+                if not isinstance(cause, OutOfPages):
+                    logger.exception("forward of %s failed", batch[0].req.rid)
+                results[pending[0]] = cause
+                return results
+            logger.warning("batched forward of %d requests failed (%s); running each alone", len(pending), exc)
+            # A StepFailed names the requests whose rows it rolled back; any other error came before
+            # attention, so no cache changed.
+            touched = isinstance(exc, StepFailed) and exc.layer is not None
+            kept = set(exc.rolled_back) if touched else set(range(len(pending)))
+            for j, i in enumerate(pending):
+                results[i] = self._rerun_alone(work[i], touched, j in kept)
+            return results
+        for i, out in zip(pending, outputs):
+            results[i] = out
         return results
 
-    def _rerun_alone(self, item: _Work) -> SegmentOutput | Exception:
-        """After a failed batched forward (which may have written some layers' rows): decode and verify
-        rows are rolled back in the cache; a window is recomputed from its prefix state, every window row
-        it ran so far included. Then the request runs alone."""
+    def _refusal(self, item: _Work) -> Exception | None:
+        """Why the model refuses this input before running it (bad tokens, a released or inconsistent
+        cache), or None. Checked per request so that one bad input never costs the others a forward."""
+        try:
+            self.model._check_input(item.input)  # noqa: SLF001 - the model's own pre-forward check
+        except Exception as exc:
+            return exc
+        return None
+
+    def _choice(self, rows: list[StepRows], planned: tuple[GraphChoice, ...]) -> GraphChoice:
+        """The planned graph of this forward, or the same decision for the rows it really holds (drafts cut
+        short near max_new_tokens, plain rows of a request without drafter context, a request that left)."""
+        kinds = {r.kind for r in rows}
+        forward = ForwardKind.MIXED if len(kinds) > 1 else (
+            ForwardKind.DECODE if kinds == {RowKind.DECODE} else ForwardKind.WINDOW)
+        total = sum(r.num_rows for r in rows)
+        for choice in planned:
+            if (choice.forward, choice.num_requests, choice.actual_rows) == (forward, len(rows), total):
+                logger.debug("%s forward: %d requests, %d rows as %s %s", forward.value, len(rows), total,
+                             choice.kind.value, choice.padded_shape)
+                return choice
+        choice = self.runner.choose(rows)
+        logger.debug("%s forward: %d requests, %d rows as %s %s (re-chosen: the plan had %s)", forward.value,
+                     len(rows), total, choice.kind.value, choice.padded_shape, planned)
+        return choice
+
+    def _run_rows(self, work: list[_Work], choice: GraphChoice) -> list[SegmentOutput]:
+        out = self.runner.run([item.rows for item in work], choice, capture_layers=self._features)
+        return [SegmentOutput(logits, {layer: out.features[layer][j] for layer in item.capture})
+                for j, (item, logits) in enumerate(zip(work, out.logits))]
+
+    def _rerun_alone(self, item: _Work, touched: bool, rolled_back: bool) -> SegmentOutput | Exception:
+        """After a failed batched forward: `touched` if it may have written some layers' rows, `rolled_back`
+        if the runner undid this request's rows. A decode or verify row it could not undo fails; a window
+        it touched is recomputed from its prefix state, every window row it ran so far included. Then the
+        request runs alone."""
         req = item.req
         try:
-            if item.window:
+            if touched and item.window:
                 req.cache.release()
                 req.cache = None
                 req.cache = install_prefix(self.model, self.cache_set, req.prefix, req.split)
                 first = req.split.boundary
                 item.tokens = req.prompt[first : first + req.window_done + item.tokens.numel()]
                 item.start, req.window_done, req.draft_state = req.cache.pos, 0, None
-            else:
-                req.cache.pos = item.start + item.tokens.numel()
-                req.cache.truncate(item.start)
-            return self.model.forward_batch([item.input])[0]
-        except InvalidSegment as exc:
-            return exc.error
+            elif not rolled_back:
+                raise RuntimeError("its rows of the failed batched forward could not be rolled back")
+            refusal = self._refusal(item)
+            if refusal is not None:
+                return refusal
+            rows = [item.rows]
+            return self._run_rows([item], self.runner.choose(rows))[0]
+        except StepFailed as exc:
+            return exc.cause if isinstance(exc.cause, Exception) else exc
         except Exception as exc:
             return exc
 

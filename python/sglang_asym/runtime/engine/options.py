@@ -15,6 +15,11 @@ DEFAULT_SEMANTICS = {"null": Semantics.ASYM_EXACT_ENCODER, "asym-prefill": Seman
                      "decode": Semantics.EXACT}
 
 
+# The decode loop's model runner backends (`model.graph_runner.Backend`, plus 'auto': CUDA graphs on a
+# CUDA model, else eager).
+GRAPH_BACKENDS = ("auto", "eager", "cuda_graph", "emulated_graph")
+
+
 def check_mode_semantics(mode: str, semantics: Semantics | str) -> Semantics:
     """The semantics a --disaggregation-mode can serve; ValueError with the reason otherwise."""
     semantics = Semantics.parse(semantics)
@@ -42,9 +47,12 @@ class EngineOptions:
     max_total_tokens: int = 8192  # per-request cache capacity (prompt + generated)
     page_rows: int = 64
     prefill_chunk: int = 1024  # the prefill role computes and ships the prefix in chunks of this many tokens
-    window_chunk: int | None = None  # decode worker: window rows per step and request (None: the whole window)
+    # Decode worker: overrides scheduler.window_chunk when set (None: the scheduler's own setting, which the
+    # launch CLI sets from --window-chunk-size).
+    window_chunk: int | None = None
     transfer_timeout_s: float = 30.0  # a prefix that has not arrived by then fails the request
     bootstrap_port: int | None = None  # prefill role: where its bootstrap server listens
+    graph_backend: str = "auto"  # --graph-backend: how the decode loop's runner executes each graph shape
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
         token_budget=256, max_window_rows_per_step=256, max_running=8, num_draft_tokens=0))
 
@@ -59,5 +67,7 @@ class EngineOptions:
             raise ValueError(f"--cache-quant must be none or release, got {self.cache_quant!r}")
         if self.max_running < 1 or self.max_total_tokens < 2 or self.prefill_chunk < 1:
             raise ValueError("max_running, max_total_tokens and prefill_chunk must be positive")
+        if self.graph_backend not in GRAPH_BACKENDS:
+            raise ValueError(f"--graph-backend must be one of {list(GRAPH_BACKENDS)}, got {self.graph_backend!r}")
         if self.transfer_timeout_s <= 0:
             raise ValueError(f"transfer timeout must be > 0, got {self.transfer_timeout_s}")
