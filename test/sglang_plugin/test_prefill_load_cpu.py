@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
 from sglang_asym.sglang_plugin.prefill_role import PrefillRole
 from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
@@ -22,7 +23,8 @@ CFG = sglang_small()
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("sglang_small_ckpt")
-    write_checkpoint(path, CFG, seed=11, precision="release", num_shards=3, progress=False)
+    # without the config's own quantization_config: the writer's (release precision) is what SGLang reads
+    write_checkpoint(path, without_quantization(CFG), seed=11, precision="release", num_shards=3, progress=False)
     return path
 
 

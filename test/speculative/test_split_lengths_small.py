@@ -15,14 +15,12 @@ import pytest
 import torch
 
 from model.helpers import build, prompt
-from sglang_asym.asym import run_prefix, run_reference, run_window
 from sglang_asym.cache import CacheSizing
-from sglang_asym.model.dspark import Chooser, Draft, DSparkDrafter, random_drafter_weights
-from sglang_asym.model.steps import greedy_continue
-from sglang_asym.speculative import GREEDY, generate, sample_token, start_request
+from sglang_asym.model.dspark import Chooser, Draft
 from sglang_asym.split import SplitPlan
 
-W = 128
+from .helpers import SPLIT_LENGTHS, W, random_dspark, reference_greedy, split_speculative_greedy
+
 NEW_TOKENS = 6
 K = 3
 SIZING = CacheSizing(max_requests=2, max_tokens=4097 + NEW_TOKENS + 8, max_chunk_tokens=4097)
@@ -63,22 +61,16 @@ class CorruptedReference:
         return Draft(tuple(choose(row) for row in logits), logits)
 
 
-@pytest.mark.parametrize("n", [1, 2, W - 1, W, W + 1, W + 2, 2 * W + 1, 1000, 4097])
+@pytest.mark.parametrize("n", SPLIT_LENGTHS)
 def test_small_split_with_speculation_equals_reference_without(n):
     model, prefill_model = models()
     tokens = prompt(model.cfg, n, seed=n + 5)
     split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
     d_caches = model.new_cache_set(SIZING)
-    ref_logits, ref_cache = run_reference(model, d_caches, tokens, split)
-    want, _ = greedy_continue(model, ref_cache, ref_logits, NEW_TOKENS)
-    ref_cache.release()
+    want = reference_greedy(model, d_caches, tokens, split, NEW_TOKENS)
 
     drafter = CorruptedReference(n, want, model.cfg.vocab_size)
-    state = run_prefix(prefill_model, prefill_model.new_cache_set(SIZING), tokens, split)
-    first, cache = run_window(model, d_caches, state, tokens, split)
-    req = start_request(drafter, cache, sample_token(first, GREEDY), model.captured, split.boundary)
-    got = [req.anchor] + generate(model, drafter, req, NEW_TOKENS - 1, K)
-    cache.release()
+    got, req = split_speculative_greedy(model, prefill_model, d_caches, SIZING, tokens, split, drafter, NEW_TOKENS, K)
     assert got == want
     assert 0 < req.stats.accepted < req.stats.proposed
     d_caches.check_no_leak()
@@ -86,20 +78,13 @@ def test_small_split_with_speculation_equals_reference_without(n):
 
 def test_small_split_with_the_dspark_drafter():
     model, prefill_model = models()
-    drafter = DSparkDrafter(model)
-    drafter.load_weights(random_drafter_weights(model.cfg, 1))
+    drafter = random_dspark(model, 1)
     n = 2 * W + 1
     tokens = prompt(model.cfg, n, seed=77)
     split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
     d_caches = model.new_cache_set(SIZING)
-    ref_logits, ref_cache = run_reference(model, d_caches, tokens, split)
-    want, _ = greedy_continue(model, ref_cache, ref_logits, NEW_TOKENS)
-    ref_cache.release()
-    state = run_prefix(prefill_model, prefill_model.new_cache_set(SIZING), tokens, split)
-    first, cache = run_window(model, d_caches, state, tokens, split, capture=drafter.feature_layers)
-    req = start_request(drafter, cache, sample_token(first, GREEDY), model.captured, split.boundary)
-    got = [req.anchor] + generate(model, drafter, req, NEW_TOKENS - 1, K)
-    cache.release()
+    want = reference_greedy(model, d_caches, tokens, split, NEW_TOKENS)
+    got, req = split_speculative_greedy(model, prefill_model, d_caches, SIZING, tokens, split, drafter, NEW_TOKENS, K)
     assert got == want
     assert req.stats.proposed >= K
     d_caches.check_no_leak()

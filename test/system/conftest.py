@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.server_process import start_server, wait_healthy
+from sglang_asym.runtime.server_process import start_server
+
+from .helpers import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 D_TRANSFER_TIMEOUT_S = 8
@@ -30,10 +32,5 @@ def cluster(small_checkpoint, tmp_path_factory):
         "decode": start_server("asym-decode", small_checkpoint, logs, "--transfer-timeout", str(D_TRANSFER_TIMEOUT_S)),
         "colocated": start_server("null", small_checkpoint, logs),
     }
-    try:
-        for server in servers.values():
-            wait_healthy(server, timeout_s=300)
+    with serving(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()

@@ -6,31 +6,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import urllib.error
 import urllib.request
 
 import pytest
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import post
 
 from .conftest import D_TRANSFER_TIMEOUT_S
-from sglang_asym.runtime.server_process import post, post_stream
+from .helpers import MODEL, ids, output, router_over
 
 pytestmark = pytest.mark.timeout(900)
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
-MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 700 + 3 for i in range(n)]
-
-
 LONG_TEXT = " ".join(f"word{i} of a long prompt about the asymmetric split" for i in range(60))
 REQUESTS = [
-    ("/generate", {"input_ids": _ids(40, 1), "sampling_params": GREEDY}),
-    ("/generate", {"input_ids": _ids(128, 2), "sampling_params": GREEDY}),  # exactly W: P runs nothing
-    ("/generate", {"input_ids": _ids(129, 3), "sampling_params": GREEDY}),  # B = 1, odd
-    ("/generate", {"input_ids": _ids(600, 4), "sampling_params": GREEDY, "stream": True}),
+    ("/generate", {"input_ids": ids(40, 1), "sampling_params": GREEDY}),
+    ("/generate", {"input_ids": ids(128, 2), "sampling_params": GREEDY}),  # exactly W: P runs nothing
+    ("/generate", {"input_ids": ids(129, 3), "sampling_params": GREEDY}),  # B = 1, odd
+    ("/generate", {"input_ids": ids(600, 4), "sampling_params": GREEDY, "stream": True}),
     ("/generate", {"text": LONG_TEXT, "sampling_params": {"max_new_tokens": 6, "temperature": 0.5, "sampling_seed": 11}}),
     ("/v1/completions", {"model": MODEL, "prompt": LONG_TEXT, "max_tokens": 5, "temperature": 0}),
     ("/v1/completions", {"model": MODEL, "prompt": "short prompt", "max_tokens": 5, "temperature": 0, "stream": True}),
@@ -41,43 +34,20 @@ REQUESTS = [
 ]
 
 
-def _output(path: str, body: dict, base: str):
-    """The generated part of a response, streaming or not, in a comparable form."""
-    if body.get("stream"):
-        events = post_stream(base + path, body)
-        if path == "/generate":
-            return events[-1]["output_ids"], events[-1]["text"]
-        key = "text" if path == "/v1/completions" else None
-        parts = [(e["choices"][0].get("text") if key else e["choices"][0].get("delta", {}).get("content")) or ""
-                 for e in events if e.get("choices")]
-        return "".join(parts)
-    status, resp = post(base + path, body)
-    assert status == 200, resp
-    if path == "/generate":
-        return resp["output_ids"], resp["text"]
-    choice = resp["choices"][0]
-    return choice["text"] if path == "/v1/completions" else choice["message"]["content"]
-
-
 @pytest.fixture(scope="module")
 def colocated_outputs(cluster):
-    return [_output(path, body, cluster["colocated"].url) for path, body in REQUESTS]
+    return [output(path, body, cluster["colocated"].url) for path, body in REQUESTS]
 
 
 @pytest.fixture(scope="module", params=list(RouterFlavor), ids=lambda f: f.value)
 def router(cluster, request):
-    p, d = cluster["prefill"], cluster["decode"]
-    proc = RouterProcess(RouterConfig(prefill=(PrefillWorker(p.url, p.bootstrap_port),), decode=(d.url,),
-                                      port=pick_free_port(), flavor=request.param, retry_max_retries=1,
-                                      extra_args=("--disable-circuit-breaker",)))
-    proc.start(ready_timeout_s=120)
-    yield proc
-    proc.stop()
+    with router_over(cluster["prefill"], cluster["decode"], request.param) as proc:
+        yield proc
 
 
 def test_concurrent_requests_through_router_equal_colocated(router, colocated_outputs):
     with concurrent.futures.ThreadPoolExecutor(len(REQUESTS)) as pool:
-        futures = [pool.submit(_output, path, body, router.url) for path, body in REQUESTS]
+        futures = [pool.submit(output, path, body, router.url) for path, body in REQUESTS]
         try:
             got = [f.result(timeout=600) for f in futures]
         except AssertionError as exc:
@@ -90,7 +60,7 @@ def test_concurrent_requests_through_router_equal_colocated(router, colocated_ou
 def test_prefill_answers_with_an_empty_well_formed_response(cluster):
     """The P server alone: a request with bootstrap fields for a D that never connects fails cleanly."""
     status, resp = post(cluster["prefill"].url + "/generate",
-                        {"input_ids": _ids(300, 9), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
+                        {"input_ids": ids(300, 9), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
                          "bootstrap_port": cluster["prefill"].bootstrap_port, "bootstrap_room": 77})
     assert status in (200, 500)
     text = json.dumps(resp)
@@ -101,7 +71,7 @@ def test_prefill_answers_with_an_empty_well_formed_response(cluster):
     (b"{not json", "json"),
     ({"sampling_params": GREEDY}, "text"),
     ({"text": "", "sampling_params": GREEDY}, "empty"),
-    ({"input_ids": _ids(9000, 5), "sampling_params": GREEDY}, "context"),
+    ({"input_ids": ids(9000, 5), "sampling_params": GREEDY}, "context"),
     ({"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ({"text": "hi", "sampling_params": {"max_new_tokens": 10 ** 9}}, "max_new_tokens"),
     ({"text": "hi", "sampling_params": {"max_new_tokens": 3, "frobnicate": 1}}, "frobnicate"),
@@ -126,7 +96,7 @@ def test_reused_room_and_a_prefix_that_never_arrives(cluster):
     """D waits for a room P never serves: a second request with the same room gets 409 at once, the first
     ends with a clear transfer error after the timeout, its rows are freed and D keeps serving."""
     d = cluster["decode"]
-    body = {"input_ids": _ids(300, 6), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
+    body = {"input_ids": ids(300, 6), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
             "bootstrap_port": cluster["prefill"].bootstrap_port, "bootstrap_room": 4242}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(post, d.url + "/generate", body)

@@ -12,25 +12,20 @@ import urllib.request
 
 import pytest
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import post, post_stream, start_server, wait_healthy
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import post, start_server
+
+from .helpers import MODEL, finish_reason, ids, output, router_over, serving
 
 pytestmark = pytest.mark.timeout(600)
 TRANSFER_TIMEOUT_S = 6
-MODEL = "v41-small"
 GREEDY = {"max_new_tokens": 5, "temperature": 0}
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [(seed * 7919 + i * 104729) % 700 + 3 for i in range(n)]
-
-
 LONG_TEXT = " ".join(f"word{i} of a prompt about symmetric disaggregation" for i in range(16))
 REQUESTS = [
-    ("/generate", {"input_ids": _ids(1, 1), "sampling_params": GREEDY}),
-    ("/generate", {"input_ids": _ids(128, 2), "sampling_params": GREEDY, "stream": True}),  # exactly W
-    ("/generate", {"input_ids": _ids(129, 3), "sampling_params": GREEDY}),
-    ("/generate", {"input_ids": _ids(260, 4), "sampling_params": {"max_new_tokens": 5, "temperature": 0.5,
+    ("/generate", {"input_ids": ids(1, 1), "sampling_params": GREEDY}),
+    ("/generate", {"input_ids": ids(128, 2), "sampling_params": GREEDY, "stream": True}),  # exactly W
+    ("/generate", {"input_ids": ids(129, 3), "sampling_params": GREEDY}),
+    ("/generate", {"input_ids": ids(260, 4), "sampling_params": {"max_new_tokens": 5, "temperature": 0.5,
                                                                    "sampling_seed": 11}, "stream": True}),
     ("/v1/completions", {"model": MODEL, "prompt": LONG_TEXT, "max_tokens": 4, "temperature": 0}),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4,
@@ -39,18 +34,7 @@ REQUESTS = [
 
 
 def _output(path: str, body: dict, base: str):
-    if body.get("stream"):
-        events = post_stream(base + path, body)
-        if path == "/generate":
-            return events[-1]["output_ids"], events[-1]["meta_info"]["finish_reason"]
-        return "".join((e["choices"][0].get("delta", {}).get("content") or e["choices"][0].get("text") or "")
-                       for e in events if e.get("choices"))
-    status, resp = post(base + path, body)
-    assert status == 200, resp
-    if path == "/generate":
-        return resp["output_ids"], resp["meta_info"]["finish_reason"]
-    choice = resp["choices"][0]
-    return choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+    return output(path, body, base, detail=finish_reason)  # (output_ids, finish_reason) for /generate
 
 
 @pytest.fixture(scope="module")
@@ -61,24 +45,14 @@ def servers(small_checkpoint, tmp_path_factory):
     started = {"prefill": start_server("prefill", small_checkpoint, logs, *timeout, env=env),
                "decode": start_server("decode", small_checkpoint, logs, *timeout, env=env),
                "colocated": start_server("null", small_checkpoint, logs, "--asym-semantics", "exact", env=env)}
-    try:
-        for server in started.values():
-            wait_healthy(server, timeout_s=300)
+    with serving(started):
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 @pytest.fixture(scope="module")
 def router(servers):
-    p, d = servers["prefill"], servers["decode"]
-    proc = RouterProcess(RouterConfig(prefill=(PrefillWorker(p.url, p.bootstrap_port),), decode=(d.url,),
-                                      port=pick_free_port(), flavor=RouterFlavor.SGLANG_ROUTER, retry_max_retries=1,
-                                      extra_args=("--disable-circuit-breaker",)))
-    proc.start(ready_timeout_s=120)
-    yield proc
-    proc.stop()
+    with router_over(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as proc:
+        yield proc
 
 
 def test_concurrent_requests_through_the_router_equal_colocated_exact(servers, router):
@@ -102,7 +76,7 @@ def test_prefill_answers_with_payload_meta_once_decode_verified(servers):
     """P's own answer (the router drops it): empty output, the payload bytes and its compute time; and
     both workers answer /health_generate."""
     p, d = servers["prefill"], servers["decode"]
-    body = {"input_ids": _ids(300, 8), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
+    body = {"input_ids": ids(300, 8), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
             "bootstrap_port": p.bootstrap_port, "bootstrap_room": 9001}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         p_answer = pool.submit(post, p.url + "/generate", body)
@@ -121,7 +95,7 @@ def test_prefill_answers_with_payload_meta_once_decode_verified(servers):
 
 def test_a_room_decode_never_gets_and_a_reused_room_fail_clearly(servers, router):
     d = servers["decode"]
-    body = {"input_ids": _ids(200, 6), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
+    body = {"input_ids": ids(200, 6), "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
             "bootstrap_port": servers["prefill"].bootstrap_port, "bootstrap_room": 4343}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(post, d.url + "/generate", body)
@@ -131,4 +105,4 @@ def test_a_room_decode_never_gets_and_a_reused_room_fail_clearly(servers, router
         status, resp = first.result(timeout=TRANSFER_TIMEOUT_S + 60)
     assert status >= 500 or resp["meta_info"]["finish_reason"]["type"] == "abort", resp
     assert "transfer" in json.dumps(resp).lower(), resp
-    assert _output("/generate", {"input_ids": _ids(50, 7), "sampling_params": GREEDY}, router.url)[0]
+    assert _output("/generate", {"input_ids": ids(50, 7), "sampling_params": GREEDY}, router.url)[0]

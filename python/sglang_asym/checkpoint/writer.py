@@ -1,6 +1,7 @@
 """write_checkpoint(): a random-weight checkpoint in the released layout at a chosen precision.
 
-config.json, safetensors shards (+ model.safetensors.index.json when sharded)."""
+config.json, safetensors shards (+ model.safetensors.index.json when sharded). At release precision
+config.json carries the release's quantization_config (see quantization.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..config import V41Config
 from ..tensor_specs import TensorSpec
 from . import formats
 from .layout import INDEX_FILE, plan_shards
+from .quantization import config_for_precision
 from .random_init import random_tensor
 from .specs import disk_layout, scale_name
 from .threads import single_threaded
@@ -56,9 +58,10 @@ def write_checkpoint(
 ) -> WriteSummary:
     """Random weights (random_init.random_tensor) for every checkpoint tensor of cfg, DSpark and
     Engram included unless include_extras is False; one shard is written and freed at a time."""
+    disk_cfg = config_for_precision(cfg, precision)  # checks precision before anything is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg.write_json(out / "config.json")
+    disk_cfg.write_json(out / "config.json")
     plan = plan_shards(cfg, num_shards, include_extras)
     weight_map: dict[str, str] = {}
     total_bytes = 0

@@ -169,58 +169,70 @@ def _chunk_decision(request: WaitingRequest, budget_left: int, window_left: int,
     return (AdmitReason.OVER_WINDOW_BOUND if window_left < 1 else AdmitReason.OVER_BUDGET), 0
 
 
+@dataclass(frozen=True)
+class _StepRoom:
+    """What is left of a step while the queue is walked: token budget, window-row bound, running slots."""
+
+    budget_left: int
+    window_left: int
+    free_slots: int
+
+    @classmethod
+    def opening(cls, decode: tuple[RunningRequest, ...], config: SchedulerConfig) -> _StepRoom:
+        """The room once every running request has its decode rows."""
+        return cls(config.token_budget - sum(r.q_len for r in decode), config.max_window_rows_per_step,
+                   config.max_running - len(decode))
+
+    def after(self, rows: int) -> _StepRoom:
+        """The room after one more request is admitted with `rows` window rows."""
+        return _StepRoom(self.budget_left - rows, self.window_left - rows, self.free_slots - 1)
+
+    def decision(self, request: WaitingRequest, step: int, reason: AdmitReason,
+                 chunk_rows: int | None = None) -> AdmissionDecision:
+        return AdmissionDecision(request.request_id, request.window_rows, request.age(step), reason,
+                                 self.budget_left, self.window_left, self.free_slots, chunk_rows=chunk_rows)
+
+
 def plan_step(
     running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], step: int, config: SchedulerConfig
 ) -> StepPlan:
     """Plan step `step` from the running requests and the waiting queue (oldest first)."""
     check_step_inputs(running, waiting, step, config)
-    if config.window_chunk is not None and config.policy is AdmitPolicy.BUDGET:
-        return _plan_chunked(running, waiting, step, config)
     decode = tuple(running)
-    budget_left = config.token_budget - sum(r.q_len for r in decode)
-    window_left = config.max_window_rows_per_step
-    free_slots = config.max_running - len(decode)
+    room = _StepRoom.opening(decode, config)
+    if config.window_chunk is not None and config.policy is AdmitPolicy.BUDGET:
+        return _plan_chunked(decode, room, waiting, step, config)
     admitted: list[WaitingRequest] = []
     decisions: list[AdmissionDecision] = []
     for index, request in enumerate(waiting):
-        if free_slots == 0:
+        if room.free_slots == 0:
             reason = AdmitReason.NO_SLOT
         elif config.policy is AdmitPolicy.ADMIT_ALL:
             reason = AdmitReason.ADMIT_ALL
         else:
-            reason = _budget_reason(index, request, step, budget_left, window_left, bool(decode), config)
-        decisions.append(AdmissionDecision(request.request_id, request.window_rows, request.age(step), reason,
-                                           budget_left, window_left, free_slots))
+            reason = _budget_reason(index, request, step, room.budget_left, room.window_left, bool(decode), config)
+        decisions.append(room.decision(request, step, reason))
         if not reason.admits:
             break  # FIFO: nobody overtakes the first request that cannot go
         admitted.append(request)
-        budget_left -= request.window_rows
-        window_left -= request.window_rows
-        free_slots -= 1
+        room = room.after(request.window_rows)
     return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))
 
 
-def _plan_chunked(running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], step: int,
-                  config: SchedulerConfig) -> StepPlan:
-    decode = tuple(running)
-    budget_left = config.token_budget - sum(r.q_len for r in decode)
-    window_left = config.max_window_rows_per_step
-    free_slots = config.max_running - len(decode)
+def _plan_chunked(decode: tuple[RunningRequest, ...], room: _StepRoom, waiting: Sequence[WaitingRequest],
+                  step: int, config: SchedulerConfig) -> StepPlan:
     admitted: list[WaitingRequest] = []
     decisions: list[AdmissionDecision] = []
     for request in waiting:
-        if free_slots == 0:
+        if room.free_slots == 0:
             reason, rows = AdmitReason.NO_SLOT, 0
         else:
-            reason, rows = _chunk_decision(request, budget_left, window_left, config)
-        decisions.append(AdmissionDecision(request.request_id, request.window_rows, request.age(step), reason,
-                                           budget_left, window_left, free_slots, chunk_rows=rows))
+            reason, rows = _chunk_decision(request, room.budget_left, room.window_left, config)
+        decisions.append(room.decision(request, step, reason, chunk_rows=rows))
         if not reason.admits:
             break
         admitted.append(replace(request, window_rows=rows))
-        budget_left -= rows
-        window_left -= rows
-        free_slots -= 1
+        room = room.after(rows)
         if rows < request.window_rows:
             break  # its rest waits at its place: nobody behind it starts a window this step
     return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))

@@ -7,31 +7,15 @@ its KV pool. `sglang_small()` keeps `small`'s 40-layer role schedule (KV sources
 checkpoint stays ~70 MB) and the release's bf16 model dtype.
 
 Its config.json also carries the `quantization_config` SGLang's ModelConfig reads to load the released
-layout as block FP8 (32x32, ue8m0 scales); SGLang detects the FP4 routed experts from the tensors.
-Without it SGLang treats the checkpoint as unquantized and its loader refuses the FP8 tensors.
+layout as block FP8 (checkpoint/quantization.py; write_checkpoint adds it at release precision too).
 """
 
 from __future__ import annotations
 
-import json
-
+from ..checkpoint.quantization import RELEASE_QUANTIZATION_CONFIG, with_release_quantization
 from ..config import V41Config
 
-RELEASE_QUANTIZATION_CONFIG = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "scale_fmt": "ue8m0",
-    "weight_block_size": [32, 32],
-    "activation_scheme": "dynamic",
-}
-
-
-def with_release_quantization(cfg: V41Config) -> V41Config:
-    """cfg whose config.json also carries RELEASE_QUANTIZATION_CONFIG."""
-    extra = json.loads(cfg.extra)
-    extra.setdefault("outer", {})["quantization_config"] = RELEASE_QUANTIZATION_CONFIG
-    extra.setdefault("text", {})
-    return cfg.replace(extra=json.dumps(extra, sort_keys=True))
+__all__ = ["RELEASE_QUANTIZATION_CONFIG", "sglang_small", "with_release_quantization"]
 
 
 def sglang_small() -> V41Config:

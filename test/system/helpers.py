@@ -1,0 +1,66 @@
+"""Request and process helpers shared by the router system tests: prompts, comparable outputs, a running router."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Mapping
+
+from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.runtime.server_process import ServerProcess, post, post_stream, wait_healthy
+
+MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    """n deterministic token ids inside the small checkpoint's vocabulary (above its special ids)."""
+    return [(seed * 7919 + i * 104729) % 700 + 3 for i in range(n)]
+
+
+def generate_text(resp: dict) -> Any:
+    return resp["text"]
+
+
+def finish_reason(resp: dict) -> Any:
+    return resp["meta_info"]["finish_reason"]
+
+
+def output(path: str, body: dict, base: str, detail: Callable[[dict], Any] = generate_text):
+    """The generated part of a response, streaming or not, in a comparable form: (output_ids,
+    detail(last response)) for /generate, the generated text for the OpenAI routes."""
+    if body.get("stream"):
+        events = post_stream(base + path, body)
+        if path == "/generate":
+            return events[-1]["output_ids"], detail(events[-1])
+        return "".join((e["choices"][0].get("delta", {}).get("content") or e["choices"][0].get("text") or "")
+                       for e in events if e.get("choices"))
+    status, resp = post(base + path, body)
+    assert status == 200, resp
+    if path == "/generate":
+        return resp["output_ids"], detail(resp)
+    choice = resp["choices"][0]
+    return choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+
+
+@contextlib.contextmanager
+def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Iterator[Mapping[str, ServerProcess]]:
+    """The started servers once all are healthy; every one is stopped on exit."""
+    try:
+        for server in servers.values():
+            wait_healthy(server, timeout_s=timeout_s)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@contextlib.contextmanager
+def router_over(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor) -> Iterator[RouterProcess]:
+    """A started router of `flavor` in front of one prefill and one decode worker, stopped on exit."""
+    proc = RouterProcess(RouterConfig(prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,),
+                                      port=pick_free_port(), flavor=flavor, retry_max_retries=1,
+                                      extra_args=("--disable-circuit-breaker",)))
+    proc.start(ready_timeout_s=120)
+    try:
+        yield proc
+    finally:
+        proc.stop()
