@@ -126,3 +126,46 @@ def test_decode_never_accepts_partial_or_wrong_rows() -> None:
         assert verdict(5, good ^ 1).startswith("checksum mismatch in group 'L20.kv': destination rows crc32=")
         assert verdict(5, good, ("tails", "L20.kv")) == (
             "completion covers groups ['tails', 'L20.kv'], manifest has ['L20.kv', 'tails']")
+
+
+def _per_group_slots(req: TransferRequest) -> list[list[int]]:
+    return [d.slots().tolist() for d in req.destinations]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_handshake_check_and_entries_match_the_per_group_math(seed: int) -> None:
+    """check_request's one-pass check over all groups and batch_entries' row table give the same
+    slots and entries as the per-group reference (`GroupDestination.slots`, `write_entries`), for
+    empty groups, scattered and contiguous slots, and ranges in any order."""
+    rng = np.random.default_rng(seed)
+    groups = [RowGroup(f"g{i}", int(rng.choice([16, 32])), int(rng.integers(0, 30)))
+              for i in range(int(rng.integers(1, 5)))]
+    manifest = PayloadManifest(tuple(groups))
+    pools = {g.name: RowPool.zeros(g.name, 64, g.row_bytes) for g in groups}
+    pick = lambda n, offset: rng.permutation(64)[:n] if rng.random() < 0.5 else np.arange(n) + offset  # noqa: E731
+    src = {g.name: pick(g.num_rows, 3) for g in groups}
+    dst = {g.name: pick(g.num_rows, 1) for g in groups}
+    r = PrefillRoom(1, manifest, src, created_at=0.0)
+    r.request = TransferRequest(1, "tcp://d", "127.0.0.1:1", COMPAT, manifest, tuple(
+        GroupDestination.for_slots(g.name, (1 << 40) + i * 4096, 64, g.row_bytes, dst[g.name])
+        for i, g in enumerate(groups)))
+    r.dest_slots = check_request(r, r.request)
+    assert list(r.dest_slots) == [g.name for g in groups]
+    assert [s.tolist() for s in r.dest_slots.values()] == _per_group_slots(r.request)
+    ranges = []
+    for g in groups:
+        a, b = sorted(rng.integers(0, g.num_rows + 1, size=2).tolist())
+        ranges += [(g.name, 0, a), (g.name, a, b), (g.name, b, g.num_rows)]
+    if rng.random() < 0.5:
+        rng.shuffle(ranges)
+    got = batch_entries(r, pools, ranges)
+    parts = [write_entries(r, pools[g], g, s, e) for g, s, e in ranges if e > s]
+    assert [a.tolist() for a in got] == [sum((p[i].tolist() for p in parts), []) for i in range(3)]
+
+
+def test_vectorised_handshake_check_still_refuses_a_slot_past_the_pool() -> None:
+    bad = dataclasses.replace(request(), destinations=(
+        GroupDestination.for_slots("L20.kv", 1 << 40, 11, 288, np.array([10, 11, 3, 4, 5])),
+        request().destinations[1]))
+    with pytest.raises(ValueError, match="group 'L20.kv': decode slot 11 outside its pool of 11 slots"):
+        check_request(room(), bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from transfer_cases import SUCCESS, TERMINAL, WAITING, W, asym_groups
@@ -101,4 +102,30 @@ def test_concurrent_rooms_and_largest_room_id(pair) -> None:
         assert D.call("verify", room=room, seed=i)["mismatched_groups"] == []
         D.call("release", room=room)
         P.call("release", room=room)
+    pair.assert_clean()
+
+
+@pytest.mark.parametrize("rows_first", [True, False])
+def test_transfer_phase_starts_when_p_holds_rows_and_destinations(pair, rows_first: bool) -> None:
+    """The benchmark's transfer phase starts at the later of P's finish() and D's handshake reaching
+    P, and ends at D's verified Success (one host: both agents stamp time.monotonic())."""
+    P, D, room, groups = pair.P, pair.D, pair.next_room(), asym_groups(1000)
+    P.call("start_sender", room=room, groups=groups, seed=3)
+    if rows_first:
+        P.call("send_pipelined", room=room, chunk_rows=1 << 20)
+    before_handshake = time.monotonic()
+    D.call("start_receiver", room=room, groups=groups, bootstrap_port=pair.port, return_slots=False)
+    if not rows_first:
+        assert P.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
+        before_rows = time.monotonic()
+        P.call("send_pipelined", room=room, chunk_rows=1 << 20)
+    state, seconds, success_at = D.call("seconds_to_outcome", room=room)
+    start = P.call("transfer_phase_start", room=room)
+    assert state == SUCCESS and (before_handshake if rows_first else before_rows) < start < success_at
+    if rows_first:  # the phase leaves out D's slot allocation and the handshake's way to P
+        assert success_at - start < seconds
+    assert P.call("wait", room=room, states=TERMINAL)[:2] == (SUCCESS, "")
+    assert D.call("verify", room=room, seed=3)["mismatched_groups"] == []
+    D.call("release", room=room)
+    P.call("release", room=room)
     pair.assert_clean()

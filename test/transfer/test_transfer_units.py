@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import zlib
 
 import numpy as np
@@ -13,6 +15,7 @@ from sglang_asym.manifest import PayloadManifest, RowGroup
 from sglang_asym.transfer import KVPoll, RowFormat, RowPool, TransferCompat, TransferConfig
 from sglang_asym.transfer.checksum import checksum_rows, crc_rows
 from sglang_asym.transfer.errors import UnregisteredMemoryError
+from sglang_asym.transfer.loops import TaskWorker
 from sglang_asym.transfer.regions import RegisteredRegions
 from sglang_asym.transfer.runs import coalesce_slots, expand_runs, pack_runs, paired_runs, unpack_runs
 
@@ -115,3 +118,21 @@ def test_row_pool_checks() -> None:
     assert (pool.num_slots, pool.row_bytes, pool.nbytes, pool.base_ptr) == (16, 288, 4608, pool.tensor.data_ptr())
     with pytest.raises(ValueError, match="slot out of range for pool 'kv' \\(min 0, max 16, pool has 16\\)"):
         pool.check_slots(np.array([0, 16]), "source slots")
+
+
+def test_task_worker_is_idle_only_with_nothing_queued_or_running() -> None:
+    worker = TaskWorker("test-worker")
+    gate, ran = threading.Event(), []
+    try:
+        assert worker.idle
+        worker.submit(gate.wait, 5.0)
+        worker.submit(ran.append, 1)
+        assert not worker.idle
+        gate.set()
+        deadline = time.monotonic() + 5.0
+        while not worker.idle and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert worker.idle and ran == [1]
+    finally:
+        gate.set()
+        worker.stop()

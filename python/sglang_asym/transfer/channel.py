@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import zmq
@@ -39,6 +40,7 @@ class Channel:
         self._poller = zmq.Poller()
         self._poller.register(self._pull, zmq.POLLIN)
         self.malformed_messages = 0
+        self.last_received_at = 0.0  # monotonic time the last message came off the socket (before decoding)
 
     def send(self, endpoint: str, msg: Any) -> None:
         data = codec.encode(msg)
@@ -69,6 +71,7 @@ class Channel:
         if not self._poller.poll(int(timeout_s * 1000)):
             return None
         data = self._pull.recv(flags=zmq.NOBLOCK)
+        self.last_received_at = time.monotonic()
         try:
             return codec.decode(data)
         except ProtocolError as exc:

@@ -151,16 +151,22 @@ def _scalar_decoder(tp: type) -> Callable[[Any, str], Any]:
 def _dataclass_decoder(cls: type) -> Callable[[Any, str], Any]:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    name_set = frozenset(names)
     fields = [(n, _decoder(hints[n])) for n in names]
 
     def decode_dataclass(value: Any, path: str) -> Any:
         if type(value) is not dict:
             raise ProtocolError(f"{path}: expected a map for {cls.__name__}, got {type(value).__name__}")
-        if len(value) != len(names) or any(n not in value for n in names):
-            missing = sorted(set(names) - value.keys())
-            extra = sorted(map(str, value.keys() - set(names)))
+        if value.keys() != name_set:
+            missing = sorted(name_set - value.keys())
+            extra = sorted(map(str, value.keys() - name_set))
             raise ProtocolError(f"{path}: fields do not match {cls.__name__} (missing {missing}, unexpected {extra})")
-        kwargs = {n: d(value[n], f"{path}.{n}") for n, d in fields}
+        try:  # field paths are only formatted when something is wrong (a handshake has ~150 fields)
+            kwargs = {n: d(value[n], path) for n, d in fields}
+        except ProtocolError:
+            for n, d in fields:
+                d(value[n], f"{path}.{n}")
+            raise
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:

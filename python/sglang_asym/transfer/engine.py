@@ -16,7 +16,9 @@ cores: a 29 MB write took about 1.5x longer than the same entries submitted one 
 polled with short sleeps). `write` therefore submits each entry with `transfer_submit_write`
 and polls `transfer_check_status`, which frees an entry's batch once it returns 1 or -1 (so
 a terminal entry is never polled again) and never frees one that returns -2 or is pending.
-`write_batch_sync` keeps the engine's own batch call (the benchmark's bare baseline).
+`start_write` + `finish_write` split `write` in two, so one thread can set the bytes moving and
+another wait for them. `write_batch_sync` keeps the engine's own batch call (the benchmark's
+bare baseline).
 """
 
 from __future__ import annotations
@@ -124,16 +126,29 @@ class MooncakeEngine:
         for write_timeout_s + 1 s per GiB in flight (entries may still be in flight then: the
         destination may be partially written, and written later).
         """
+        self.finish_write(self.start_write(session, src_ptrs, dst_ptrs, lengths, max_entries, submit_now=0))
+
+    def start_write(self, session: str, src_ptrs: np.ndarray, dst_ptrs: np.ndarray, lengths: np.ndarray,
+                    max_entries: int, submit_now: int) -> "PendingWrite":
+        """The first half of `write`: check the sources (UnregisteredMemoryError before any byte
+        moves) and submit up to `submit_now` entries without waiting, so the bytes start moving
+        before the caller hands the rest to another thread. Every started write must go through
+        `finish_write`, even after a refused submit (it reports that, and frees what is in flight)."""
         self.regions.check(src_ptrs, lengths)
         self._reap_stragglers()
-        n = len(lengths)
-        done, problem = self._write_entries(session, src_ptrs.tolist(), dst_ptrs.tolist(), lengths.tolist(),
-                                            max_entries)
+        pending = PendingWrite(session, src_ptrs.tolist(), dst_ptrs.tolist(), lengths.tolist(), max_entries)
+        pending.submit(self._engine.transfer_submit_write, min(submit_now, max_entries))
+        return pending
+
+    def finish_write(self, pending: "PendingWrite") -> None:
+        """The rest of `write`: submit and poll until every entry is done; raises like `write`."""
+        done, problem = self._write_entries(pending)
+        n, max_entries, session = len(pending.lengths), pending.max_entries, pending.session
         with self._stats_lock:
             self.stats.batches += -(-n // max_entries)
             self.stats.largest_batch = max(self.stats.largest_batch, min(n, max_entries))
             self.stats.entries += done
-            self.stats.bytes += int(lengths[:done].sum())  # `done` counts a prefix of the entries
+            self.stats.bytes += sum(pending.lengths[:done])  # `done` counts a prefix of the entries
             self.stats.failed_batches += problem is not None
         if problem is not None:
             raise WriteFailedError(f"Mooncake batch write to {session} {problem} ({done} of {n} entries done); "
@@ -167,44 +182,35 @@ class MooncakeEngine:
             else:
                 self.stats.failed_batches += 1
 
-    def _write_entries(self, session: str, src: list[int], dst: list[int], lengths: list[int],
-                       max_entries: int) -> tuple[int, str | None]:
+    def _write_entries(self, w: "PendingWrite") -> tuple[int, str | None]:
         """Submit while fewer than max_entries are in flight; poll the oldest. Returns (entries done
         in order, None on success or what went wrong)."""
         submit, check = self._engine.transfer_submit_write, self._engine.transfer_check_status
-        in_flight: deque[tuple[int, int]] = deque()
-        in_flight_bytes = done = submitted = 0
-        problem = None
+        in_flight, done = w.in_flight, 0
         last_progress = time.monotonic()
-        while problem is None and (submitted < len(lengths) or in_flight):
-            while submitted < len(lengths) and len(in_flight) < max_entries:
-                batch_id = submit(session, src[submitted], dst[submitted], lengths[submitted])
-                if batch_id in _SUBMIT_FAILED:
-                    problem = "returned -1 (submit refused)"
-                    break
-                in_flight.append((batch_id, lengths[submitted]))
-                in_flight_bytes += lengths[submitted]
-                submitted += 1
-            if problem is not None or not in_flight:
+        while w.problem is None and (w.submitted < len(w.lengths) or in_flight):
+            w.submit(submit, w.max_entries)
+            if w.problem is not None or not in_flight:
                 continue
             batch_id, nbytes = in_flight[0]
             status = check(batch_id)
             if status == _DONE:
                 in_flight.popleft()
-                in_flight_bytes -= nbytes
+                w.in_flight_bytes -= nbytes
                 done += 1
                 last_progress = time.monotonic()
             elif status != _PENDING:
                 in_flight.popleft()  # -1 freed it; -2 (timeout) is never freed by the engine: leaked
-                problem = "returned -1" if status == _FAILED else f"returned {status} (entry timed out)"
-            elif time.monotonic() - last_progress > self._timeout_s + in_flight_bytes / SLOWEST_BYTES_PER_S:
-                problem = f"returned -1 (no entry finished for {self._timeout_s:g} s + 1 s per GiB in flight)"
+                w.problem = "returned -1" if status == _FAILED else f"returned {status} (entry timed out)"
+            elif time.monotonic() - last_progress > self._timeout_s + w.in_flight_bytes / SLOWEST_BYTES_PER_S:
+                w.problem = f"returned -1 (no entry finished for {self._timeout_s:g} s + 1 s per GiB in flight)"
             else:
-                time.sleep(min(POLL_MAX_S, max(POLL_MIN_S, in_flight_bytes / POLL_BYTES_PER_S / 4)))
+                time.sleep(min(POLL_MAX_S, max(POLL_MIN_S, w.in_flight_bytes / POLL_BYTES_PER_S / 4)))
         if in_flight:
             with self._stragglers_lock:
                 self._stragglers.extend(batch_id for batch_id, _ in in_flight)
-        return done, problem
+            in_flight.clear()
+        return done, w.problem
 
     def _reap_stragglers(self) -> None:
         """Poll entries left in flight by a failed write once each: terminal ones free their batch."""
@@ -222,3 +228,25 @@ class MooncakeEngine:
             self._engine = None  # the pybind object tears down its threads in its destructor
             with _live_lock:
                 _live_engines -= 1
+
+
+class PendingWrite:
+    """Entries of one write and how far their submission got (a sliding window of max_entries)."""
+
+    def __init__(self, session: str, src: list[int], dst: list[int], lengths: list[int], max_entries: int):
+        self.session, self.src, self.dst, self.lengths, self.max_entries = session, src, dst, lengths, max_entries
+        self.in_flight: deque[tuple[int, int]] = deque()   # (batch id, bytes), oldest first
+        self.in_flight_bytes = self.submitted = 0
+        self.problem: str | None = None
+
+    def submit(self, submit, window: int) -> None:
+        """Submit entries in order while fewer than `window` are in flight."""
+        while self.submitted < len(self.lengths) and len(self.in_flight) < window:
+            i = self.submitted
+            batch_id = submit(self.session, self.src[i], self.dst[i], self.lengths[i])
+            if batch_id in _SUBMIT_FAILED:
+                self.problem = "returned -1 (submit refused)"
+                return
+            self.in_flight.append((batch_id, self.lengths[i]))
+            self.in_flight_bytes += self.lengths[i]
+            self.submitted += 1

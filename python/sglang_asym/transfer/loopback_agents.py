@@ -123,6 +123,13 @@ class PrefillAgent:
             return str(exc)
         return "created"
 
+    def transfer_phase_start(self, room: int) -> float:
+        """time.monotonic() when P first held every row and D's destinations (PrefillRoom.transfer_phase_start)."""
+        start = self.senders[room]._room.transfer_phase_start
+        if start == 0.0:
+            raise RuntimeError(f"bootstrap_room={room} is not finished and bound yet")
+        return start
+
     def bare_write(self, room: int, repeats: int = 1, engine_call: str = "batch_sync") -> float:
         """Seconds for a bare engine write of exactly the entries room `room` moved (it must be bound):
         engine_call "batch_sync" is Mooncake's batch_transfer_sync_write per <= max_batch_entries entries,
@@ -161,12 +168,13 @@ class DecodeAgent:
     def info(self) -> dict:
         return {"pid": os.getpid(), "session": self.engine.session_id}
 
-    def seconds_to_outcome(self, room: int, timeout_s: float = 30.0) -> tuple[int, float]:
-        """Wait for the room; seconds from create_receiver to its terminal state (the manager's own
-        timestamps, so how often this loop polls does not change the number, only the CPU it takes)."""
+    def seconds_to_outcome(self, room: int, timeout_s: float = 30.0) -> tuple[int, float, float]:
+        """Wait for the room; (state, seconds from create_receiver to the terminal state, time.monotonic()
+        of that state) from the manager's own timestamps, so how often this loop polls does not change
+        the numbers, only the CPU it takes."""
         rx = self.receivers[(room, "main")]
         state, _, _ = wait_for(rx, [0, 4], timeout_s, interval_s=0.002)
-        return state, rx.seconds_to_outcome
+        return state, rx.seconds_to_outcome, rx.finished_at
 
     def start_receiver(self, room: int, groups: list[GroupSpec], bootstrap_port: int, manager: str = "main",
                        host: str = "127.0.0.1", snapshot: bool = False, return_slots: bool = True

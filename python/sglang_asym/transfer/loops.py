@@ -56,10 +56,14 @@ class ServiceLoop:
 class TaskWorker:
     def __init__(self, name: str):
         self._tasks: queue.Queue = queue.Queue()
+        self._unfinished = 0   # tasks submitted and not yet returned
+        self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._count_lock:
+            self._unfinished += 1
         self._tasks.put((fn, args))
 
     def _run(self) -> None:
@@ -72,6 +76,16 @@ class TaskWorker:
                 fn(*args)
             except Exception:
                 logger.exception("transfer task %s failed", getattr(fn, "__name__", fn))
+            finally:
+                with self._count_lock:
+                    self._unfinished -= 1
+
+    @property
+    def idle(self) -> bool:
+        """No task queued or running. Stays true until someone submits, so a caller that is the
+        only one submitting (holding the lock all submitters take) may rely on it."""
+        with self._count_lock:
+            return self._unfinished == 0
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._tasks.put(None)

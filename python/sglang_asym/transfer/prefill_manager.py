@@ -24,7 +24,7 @@ from sglang_asym.transfer.loops import ServiceLoop
 from sglang_asym.transfer.messages import (DecodeAbort, Ping, Pong, PrefillFailed, TransferAccept,
                                            TransferReject, TransferRequest, TransferVerdict, check_room)
 from sglang_asym.transfer.poll import KVPoll
-from sglang_asym.transfer.prefill_room import PrefillRoom, check_request, check_source_slots
+from sglang_asym.transfer.prefill_room import PrefillRoom, SourceRows, check_request, check_source_slots
 from sglang_asym.transfer.prefill_writer import PrefillWriter
 from sglang_asym.transfer.row_pool import RowPool
 from sglang_asym.transfer.sender import Sender
@@ -49,7 +49,7 @@ class PrefillTransferManager:
         self._lock = threading.RLock()
         self._rooms: dict[int, PrefillRoom] = {}
         self._finished: dict[int, tuple[str, float]] = {}          # room -> (outcome, when)
-        self._pending: dict[int, tuple[TransferRequest, float]] = {}  # handshakes before create_sender
+        self._pending: dict[int, tuple[TransferRequest, float, float]] = {}  # before create_sender: (req, now, arrived)
         self._early_rejections: dict[int, tuple[str, float]] = {}
         self._last_heard: dict[str, float] = {}                    # decode endpoint -> time
         self._last_tick = time.monotonic()
@@ -79,6 +79,7 @@ class PrefillTransferManager:
         slots = check_source_slots(manifest, source_slots, self.pools)
         now = time.monotonic()
         room = PrefillRoom(bootstrap_room, manifest, slots, created_at=now)
+        room.source_rows = SourceRows.build(manifest, slots, self.pools)  # off the transfer's critical path
         room.checksums = self._writer.checksums_for(room)
         with self._lock:
             if bootstrap_room in self._rooms:
@@ -90,7 +91,7 @@ class PrefillTransferManager:
             if rejected is not None:
                 room.state, room.reason = KVPoll.Failed, rejected[0]
             elif pending is not None:
-                self._bind(room, pending[0], now)
+                self._bind(room, pending[0], now, pending[2])
         return Sender(self, room)
 
     def send_rows(self, room: PrefillRoom, group: str, row_start: int, row_end: int) -> None:
@@ -129,7 +130,7 @@ class PrefillTransferManager:
             self.channel.try_send(msg.decode_endpoint, Pong(self.channel.endpoint))
         elif isinstance(msg, TransferRequest):
             self._last_heard[msg.decode_endpoint] = now
-            self._on_request(msg, now)
+            self._on_request(msg, now, self.channel.last_received_at)
         elif isinstance(msg, (TransferVerdict, DecodeAbort)):
             self._on_decode_outcome(msg, now)
         else:
@@ -138,7 +139,7 @@ class PrefillTransferManager:
     def _reject(self, req: TransferRequest, reason: str) -> None:
         self.channel.try_send(req.decode_endpoint, TransferReject(req.room, reason))
 
-    def _on_request(self, req: TransferRequest, now: float) -> None:
+    def _on_request(self, req: TransferRequest, now: float, arrived: float) -> None:
         diff = self.compat.mismatch(req.compat)
         with self._lock:
             room = self._rooms.get(req.room)
@@ -156,29 +157,30 @@ class PrefillTransferManager:
                     self._reject(req, f"prefill request for bootstrap_room={req.room} already ended "
                                       f"({self._finished[req.room][0]})")
                 else:
-                    self._pending[req.room] = (req, now)
+                    self._pending[req.room] = (req, now, arrived)
             elif room.bound:
                 self._reject(req, f"duplicate bootstrap_room={req.room}: already bound to decode "
                                   f"{room.request.decode_endpoint}")
             elif room.state.is_terminal:
                 self._reject(req, f"prefill request already failed: {room.reason}")
             else:
-                self._bind(room, req, now)
+                self._bind(room, req, now, arrived)
 
-    def _bind(self, room: PrefillRoom, req: TransferRequest, now: float) -> None:
-        """Caller holds the lock."""
+    def _bind(self, room: PrefillRoom, req: TransferRequest, now: float, arrived: float) -> None:
+        """Caller holds the lock. `arrived`: when the handshake came off the socket."""
         try:
             room.dest_slots = check_request(room, req)
         except ValueError as exc:
             self._reject(req, str(exc))
             self._fail(room, f"refused decode handshake: {exc}")
             return
-        room.request, room.bound_at = req, now
+        room.request, room.bound_at, room.request_arrived_at = req, now, arrived
         logger.debug("bootstrap_room=%d: bound to decode %s", room.room, req.decode_endpoint)
         self._last_heard[req.decode_endpoint] = now
-        self.channel.try_send(req.decode_endpoint, TransferAccept(room.room, self.channel.endpoint, self.compat))
         room.state = KVPoll.Transferring if (room.pending_ranges or room.finished) else KVPoll.WaitingForInput
-        self._writer.queue_rows(room)
+        self._writer.start_rows(room)  # first, so the bytes move while the accept is encoded and sent
+        if room.state != KVPoll.Failed:
+            self.channel.try_send(req.decode_endpoint, TransferAccept(room.room, self.channel.endpoint, self.compat))
         if room.finished:
             self._writer.queue_complete(room)
 
@@ -228,7 +230,7 @@ class PrefillTransferManager:
                     if silent > cfg.peer_timeout_s:
                         self._fail(room, f"decode peer {room.request.decode_endpoint} silent for {silent:.1f}s "
                                          f"(dead or frozen)")
-            for room_id, (req, at) in list(self._pending.items()):
+            for room_id, (req, at, _) in list(self._pending.items()):
                 if now - at > cfg.bootstrap_timeout_s:
                     del self._pending[room_id]
                     reason = f"prefill has no request with bootstrap_room={room_id} after {cfg.bootstrap_timeout_s:g}s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +12,7 @@ from sglang_asym.transfer.checksum import RunningChecksums
 from sglang_asym.transfer.messages import GroupDestination, TransferRequest
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
-from sglang_asym.transfer.runs import paired_runs
+from sglang_asym.transfer.runs import paired_runs, unpack_runs
 
 
 @dataclass
@@ -24,6 +25,8 @@ class PrefillRoom:
     reason: str = ""
     request: TransferRequest | None = None           # D's handshake once bound
     bound_at: float = 0.0
+    request_arrived_at: float = 0.0                  # monotonic: D's handshake came off the socket
+    finished_at: float = 0.0                         # monotonic: finish() (every row handed over)
     dest_slots: dict[str, np.ndarray] = field(default_factory=dict)
     declared: dict[str, int] = field(default_factory=dict)   # rows handed to send_rows, per group
     pending_ranges: list[tuple[str, int, int]] = field(default_factory=list)  # declared, not yet written
@@ -33,6 +36,8 @@ class PrefillRoom:
     checksums: RunningChecksums | None = None        # CRCs of the declared rows, folded in as they come
     pending_tasks: int = 0                           # worker tasks queued or running for this room
     write_failed: bool = False                       # a -1 happened: a late write may still land on D
+    source_rows: "SourceRows | None" = None          # every row's source address (built by create_sender)
+    row_table: "RowTable | None" = None              # + every row's destination, built at the first write
 
     def __post_init__(self) -> None:
         for g in self.manifest.groups:
@@ -42,6 +47,14 @@ class PrefillRoom:
     @property
     def bound(self) -> bool:
         return self.request is not None
+
+    @property
+    def transfer_phase_start(self) -> float:
+        """Monotonic time P first held both every row (finish()) and D's destinations (the handshake
+        off the socket, before P decoded it); 0.0 until both happened."""
+        if not (self.finished and self.bound):
+            return 0.0
+        return max(self.finished_at, self.request_arrived_at)
 
     @property
     def drained(self) -> bool:
@@ -70,6 +83,7 @@ class PrefillRoom:
         if self.finished or self.state == KVPoll.Failed:
             return False
         self.finished = True
+        self.finished_at = time.monotonic()
         return True
 
     def destination(self, group: str) -> GroupDestination:
@@ -106,7 +120,10 @@ def check_request(room: PrefillRoom, req: TransferRequest) -> dict[str, np.ndarr
     if [d.group for d in req.destinations] != names:
         raise ValueError(f"decode destinations cover groups {[d.group for d in req.destinations]}, "
                          f"manifest has {names}")
-    dest = {}
+    dest = _all_destination_slots(room.manifest, req.destinations)
+    if dest is not None:
+        return dest
+    dest = {}  # something is wrong: the group-by-group checks below name it
     for g, d in zip(room.manifest.groups, req.destinations):
         try:
             slots = d.slots()
@@ -122,6 +139,76 @@ def check_request(room: PrefillRoom, req: TransferRequest) -> dict[str, np.ndarr
     return dest
 
 
+def _all_destination_slots(manifest: PayloadManifest, destinations: tuple[GroupDestination, ...]
+                           ) -> dict[str, np.ndarray] | None:
+    """The destination slots of every group when the handshake is well formed, else None.
+    One vectorised pass over all groups' runs (the handshake is on the transfer's critical path
+    and numpy's per-call cost dominates small groups); `check_request` falls back to the
+    group-by-group checks, which name the problem, whenever this returns None."""
+    groups = manifest.groups
+    blobs = [d.runs for d in destinations]
+    if any(len(b) % 16 for b in blobs) or any(d.row_bytes != g.row_bytes for g, d in zip(groups, destinations)):
+        return None
+    runs = unpack_runs(b"".join(blobs))
+    starts, lengths = runs[:, 0], runs[:, 1]
+    if len(runs) and (int(starts.min()) < 0 or int(lengths.min()) <= 0):
+        return None
+    ends = np.cumsum(lengths)
+    run_bounds = np.cumsum([0] + [len(b) // 16 for b in blobs])
+    rows_so_far = np.concatenate(([0], ends))[run_bounds]          # rows before each group's first run
+    rows = np.array([g.num_rows for g in groups], dtype=np.int64)
+    if not np.array_equal(np.diff(rows_so_far), rows):
+        return None
+    slots = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(rows.sum()), dtype=np.int64)
+    capacity = np.repeat(np.array([d.capacity_slots for d in destinations], dtype=np.int64), rows)
+    if (slots >= capacity).any():
+        return None
+    return dict(zip([g.name for g in groups], np.split(slots, rows_so_far[1:-1])))
+
+
+def _per_row(manifest: PayloadManifest, values: list[int]) -> np.ndarray:
+    return np.repeat(np.array(values, dtype=np.uint64), [g.num_rows for g in manifest.groups])
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    """Source address and size of every row of a room, groups concatenated in manifest order
+    (group g's row r at offsets[g] + r). Known before D's handshake, so built before it comes."""
+
+    offsets: dict[str, int]
+    src: np.ndarray   # uint64
+    step: np.ndarray  # uint64 row bytes
+
+    @classmethod
+    def build(cls, manifest: PayloadManifest, slots: dict[str, np.ndarray], pools: dict[str, RowPool]
+              ) -> "SourceRows":
+        groups = manifest.groups
+        step = _per_row(manifest, [pools[g.name].row_bytes for g in groups])
+        src = np.concatenate([slots[g.name] for g in groups] or [np.zeros(0, dtype=np.int64)]).astype(np.uint64) \
+            * step + _per_row(manifest, [pools[g.name].base_ptr for g in groups])
+        offsets = dict(zip([g.name for g in groups], np.cumsum([0] + [g.num_rows for g in groups]).tolist()))
+        return cls(offsets, src, step)
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """SourceRows plus every row's destination address: a write of any rows is slices of it."""
+
+    offsets: dict[str, int]
+    src: np.ndarray   # uint64
+    dst: np.ndarray   # uint64
+    step: np.ndarray  # uint64 row bytes
+
+    @classmethod
+    def build(cls, room: PrefillRoom, pools: dict[str, RowPool]) -> "RowTable":
+        groups = room.manifest.groups
+        source = room.source_rows or SourceRows.build(room.manifest, room.source_slots, pools)
+        dst = np.concatenate([room.dest_slots[g.name] for g in groups] or [np.zeros(0, dtype=np.int64)]
+                             ).astype(np.uint64) * source.step \
+            + _per_row(room.manifest, [room.destination(g.name).base_ptr for g in groups])
+        return cls(source.offsets, source.src, dst, source.step)
+
+
 def write_entries(room: PrefillRoom, pool: RowPool, group: str, start: int, end: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src_ptrs, dst_ptrs, lengths) for rows [start, end) of `group`, coalesced into runs."""
@@ -135,23 +222,26 @@ def write_entries(room: PrefillRoom, pool: RowPool, group: str, start: int, end:
 
 def batch_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tuple[str, int, int]]
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`write_entries` of several (group, start, end) ranges, concatenated, in one vectorised pass:
-    a run continues while both addresses advance by one row and never crosses a range (pools of
-    two groups may lie next to each other in memory, but an entry must stay inside one)."""
-    if len(ranges) == 1:
-        g, s, e = ranges[0]
-        return write_entries(room, pools[g], g, s, e)
-    src, dst, step = [], [], []
-    for g, s, e in ranges:
-        rb = np.uint64(pools[g].row_bytes)
-        src.append(room.source_slots[g][s:e].astype(np.uint64) * rb + np.uint64(pools[g].base_ptr))
-        dst.append(room.dest_slots[g][s:e].astype(np.uint64) * rb + np.uint64(room.destination(g).base_ptr))
-        step.append(np.full(e - s, rb, dtype=np.uint64))
-    src_a, dst_a, rb_a = np.concatenate(src), np.concatenate(dst), np.concatenate(step)
+    """`write_entries` of several (group, start, end) ranges, concatenated, in one vectorised pass
+    over slices of the room's RowTable (built once, at the first write): a run continues while
+    both addresses advance by one row and never crosses a range (pools of two groups may lie next
+    to each other in memory, but an entry must stay inside one)."""
+    if room.row_table is None:
+        room.row_table = RowTable.build(room, pools)
+    t = room.row_table
+    spans = [(t.offsets[g] + s, t.offsets[g] + e) for g, s, e in ranges if e > s]
+    if not spans:
+        empty = np.zeros(0, dtype=np.uint64)
+        return empty, empty, empty
+    if all(a[1] == b[0] for a, b in zip(spans, spans[1:])):  # e.g. every group whole, in manifest order
+        lo, hi = spans[0][0], spans[-1][1]
+        src_a, dst_a, rb_a = t.src[lo:hi], t.dst[lo:hi], t.step[lo:hi]
+    else:
+        src_a, dst_a, rb_a = (np.concatenate([col[a:b] for a, b in spans]) for col in (t.src, t.dst, t.step))
     new_run = np.empty(len(src_a), dtype=bool)
     new_run[0] = True
     new_run[1:] = (src_a[1:] != src_a[:-1] + rb_a[:-1]) | (dst_a[1:] != dst_a[:-1] + rb_a[:-1])
-    new_run[np.cumsum([e - s for _, s, e in ranges[:-1]])] = True
+    new_run[np.cumsum([b - a for a, b in spans[:-1]], dtype=np.int64)] = True
     first = np.flatnonzero(new_run)
     ends = np.empty_like(first)
     ends[:-1], ends[-1] = first[1:], len(src_a)

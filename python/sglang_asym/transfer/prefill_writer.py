@@ -2,10 +2,12 @@
 tell D about a failure once no write of ours can still be in flight.
 
 All tasks of all rooms run on one FIFO worker, so a room's writes precede its completion
-and its failure notice. Rows handed to send_rows while a write is running accumulate and go
-out together in the next batch (adaptive batching: fewer, larger engine calls). Their CRCs
-are folded in on a thread pool from the moment send_rows hands them over, so the completion
-goes out as soon as the last write returns.
+and its failure notice. At the handshake, with the worker idle, the service thread itself
+submits the first entries of the rows already handed over (no thread hop before the bytes
+move); the worker waits for them as the room's first task. Rows handed to send_rows while a
+write is running accumulate and go out together in the next batch (adaptive batching: fewer,
+larger engine calls). Their CRCs are folded in on a thread pool from the moment send_rows
+hands them over, so the completion goes out as soon as the last write returns.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Callable
 from sglang_asym.transfer.channel import Channel, PeerUnreachableError
 from sglang_asym.transfer.checksum import RunningChecksums
 from sglang_asym.transfer.config import TransferConfig
-from sglang_asym.transfer.engine import MooncakeEngine
+from sglang_asym.transfer.engine import MooncakeEngine, PendingWrite
 from sglang_asym.transfer.errors import UnregisteredMemoryError, WriteFailedError
 from sglang_asym.transfer.loops import TaskWorker
 from sglang_asym.transfer.messages import PrefillFailed, TransferComplete
@@ -28,6 +30,8 @@ from sglang_asym.transfer.prefill_room import PrefillRoom, batch_entries
 from sglang_asym.transfer.row_pool import RowPool
 
 logger = logging.getLogger(__name__)
+
+INLINE_SUBMIT_ENTRIES = 128  # entries the binding thread submits itself (~5 us each), the rest on the worker
 
 
 class PrefillWriter:
@@ -46,6 +50,28 @@ class PrefillWriter:
         if room.pending_ranges and not room.flush_queued:
             room.flush_queued = True
             self._submit(room, self._flush)
+
+    def start_rows(self, room: PrefillRoom) -> None:
+        """`queue_rows` for a room that was just bound (no earlier task of it exists). When the worker
+        is idle, the caller prepares the entries and submits the first INLINE_SUBMIT_ENTRIES itself,
+        so the bytes move while the worker wakes up; the worker then drives the rest of the write,
+        in the same FIFO place. With the worker busy, only one write stays in flight: it queues."""
+        if not room.pending_ranges or room.flush_queued or not self._worker.idle:
+            self.queue_rows(room)
+            return
+        ranges, room.pending_ranges = room.pending_ranges, []
+        src, dst, lengths = batch_entries(room, self._pools, ranges)
+        try:
+            pending = self._engine.start_write(room.request.decode_session, src, dst, lengths,
+                                               self._config.max_batch_entries, submit_now=INLINE_SUBMIT_ENTRIES)
+        except UnregisteredMemoryError as exc:
+            self._fail(room, f"refusing to write {_describe(ranges)}: {exc}")
+            return
+
+        def _finish_started_flush(r: PrefillRoom) -> None:
+            self._finish_flush(r, ranges, pending)
+
+        self._submit(room, _finish_started_flush)
 
     def queue_complete(self, room: PrefillRoom) -> None:
         self._submit(room, self._complete)
@@ -79,13 +105,21 @@ class PrefillWriter:
                 return
             session = room.request.decode_session
             src, dst, lengths = batch_entries(room, self._pools, ranges)
-        started = time.perf_counter()
         try:
-            self._engine.write(session, src, dst, lengths, max_entries=self._config.max_batch_entries)
+            pending = self._engine.start_write(session, src, dst, lengths, self._config.max_batch_entries,
+                                               submit_now=0)
         except UnregisteredMemoryError as exc:
             with self._lock:
                 self._fail(room, f"refusing to write {_describe(ranges)}: {exc}")
             return
+        self._finish_flush(room, ranges, pending)
+
+    def _finish_flush(self, room: PrefillRoom, ranges: list[tuple[str, int, int]], pending: PendingWrite) -> None:
+        """Wait for a started write (always, even if the room failed meanwhile: it drains what is in
+        flight before the room's later tasks run)."""
+        started = time.perf_counter()
+        try:
+            self._engine.finish_write(pending)
         except WriteFailedError as exc:
             with self._lock:
                 room.write_failed = True
@@ -94,8 +128,8 @@ class PrefillWriter:
         with self._lock:
             for g, _, e in ranges:
                 room.written[g] = e
-        logger.debug("bootstrap_room=%d: wrote %d B in %d entries in %.2f ms", room.room, int(lengths.sum()),
-                     len(lengths), (time.perf_counter() - started) * 1e3)
+        logger.debug("bootstrap_room=%d: wrote %d B in %d entries, the last %.2f ms on the worker", room.room,
+                     sum(pending.lengths), len(pending.lengths), (time.perf_counter() - started) * 1e3)
 
     def _complete(self, room: PrefillRoom) -> None:
         with self._lock:

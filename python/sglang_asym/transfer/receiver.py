@@ -51,6 +51,11 @@ class Receiver:
         r = self._room
         return r.finished_at - r.created_at if r.state.is_terminal else None
 
+    @property
+    def finished_at(self) -> float | None:
+        """time.monotonic() when the room became Success/Failed (None while in flight)."""
+        return self._room.finished_at if self._room.state.is_terminal else None
+
     def abort(self, reason: str = "aborted by decode") -> None:
         self._manager.abort(self._room, reason)
 
