@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from model.helpers import build, prompt
 from sglang_asym.cache import CacheSizing
@@ -75,7 +76,12 @@ def test_more_requests_than_max_running_match_the_reference(engine):
         assert last.meta["prefill_compute_s"] > 0
     assert engine.loop.active_requests == 0 and engine._gate.held == 0
     engine.loop.cache_set.check_no_leak()
-    assert b"sglang_asym:prefill_compute_seconds_count" in engine.metrics.render()
+    rendered = engine.metrics.render()
+    assert b"sglang_asym:prefill_compute_seconds_count" in rendered
+    forwards = {s.labels["graph_kind"]: s.value for family in text_string_to_metric_families(rendered.decode())
+                for s in family.samples if s.name == "sglang_asym:decode_forwards_total"}
+    counted = {kind: n for kind, n in engine.loop.graph_stats.forwards.items() if n}
+    assert forwards == counted and sum(counted.values()) > 0  # /metrics shows the runner's forwards by shape
 
 
 def test_first_token_can_end_the_request(engine):

@@ -26,6 +26,7 @@ def test_engine_and_front_updates_render_exact_values():
     m.observe_window_step(0.01, 128)
     m.observe_spec_verify(3, 2)
     m.observe_spec_verify(3, 0)
+    m.count_forwards(("full", "full", "row_bucket"))
     m.observe_ttft(0.5, streaming=True)
     m.observe_inter_token(0.01, 4)
     m.observe_request_done(1.5, prompt_tokens=10, completion_tokens=5, finish_reason="stop")
@@ -40,6 +41,9 @@ def test_engine_and_front_updates_render_exact_values():
     assert s[("sglang_asym:spec_draft_tokens_total", ())] == 6
     assert s[("sglang_asym:spec_accepted_tokens_total", ())] == 2
     assert s[("sglang:spec_accept_length_sum", ())] == 4  # (2 + 1) + (0 + 1)
+    assert s[("sglang_asym:decode_forwards_total", (("graph_kind", "full"),))] == 2
+    assert s[("sglang_asym:decode_forwards_total", (("graph_kind", "row_bucket"),))] == 1
+    assert ("sglang_asym:decode_forwards_total", (("graph_kind", "eager"),)) not in s
     assert s[("sglang:time_to_first_token_seconds_count", (("is_streaming", "true"),))] == 1
     assert s[("sglang:time_to_first_token_seconds_count", (("is_streaming", "false"),))] == 0
     assert s[("sglang:inter_token_latency_seconds_count", ())] == 4
@@ -63,3 +67,5 @@ def test_bad_updates_are_refused():
         m.observe_spec_verify(2, 3)
     with pytest.raises(ValueError, match="transfer bytes and seconds must be >= 0"):
         m.observe_transfer(-5, 0.1)
+    with pytest.raises(ValueError, match="graph kind must be one of .*, got 'piecewise'"):
+        m.count_forwards(("piecewise",))

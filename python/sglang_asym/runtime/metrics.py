@@ -9,8 +9,11 @@ Every series carries the labels `model_name` and `role` (null / prefill / decode
 from __future__ import annotations
 
 from enum import Enum
+from typing import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..sched import GraphKind
 
 _LABELS = ("model_name", "role")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -18,6 +21,7 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 2
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 _BYTES_BUCKETS = tuple(float(1 << s) for s in range(10, 32, 2))  # 1 KiB .. 1 GiB
 _ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+GRAPH_KINDS = tuple(kind.value for kind in GraphKind)
 
 
 class QueueName(str, Enum):
@@ -72,6 +76,8 @@ class EngineMetrics:
                                         registry=reg))
         self._spec_accepted = bind(Counter("sglang_asym:spec_accepted_tokens", "Draft tokens accepted.", _LABELS,
                                            registry=reg))
+        self._forwards = Counter("sglang_asym:decode_forwards", "Decode-worker forwards by the graph shape chosen "
+                                 "(full, row_bucket, breakable, eager).", (*_LABELS, "graph_kind"), registry=reg)
         self._spec_accept_length = bind(Histogram("sglang:spec_accept_length",
                                                   "Tokens emitted per verify step (accepted drafts + 1).", _LABELS,
                                                   buckets=_ACCEPT_BUCKETS, registry=reg))
@@ -100,6 +106,13 @@ class EngineMetrics:
     def observe_window_step(self, seconds: float, num_tokens: int) -> None:
         self._window_seconds.observe(seconds)
         self._window_tokens.inc(num_tokens)
+
+    def count_forwards(self, graph_kinds: Sequence[str]) -> None:
+        """One step's batched forwards, each under the graph kind `sched.graphs` chose for it."""
+        for kind in graph_kinds:
+            if kind not in GRAPH_KINDS:
+                raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
+            self._forwards.labels(**self._labels, graph_kind=kind).inc()
 
     def observe_spec_verify(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         if not 0 <= num_accepted_tokens <= num_draft_tokens:

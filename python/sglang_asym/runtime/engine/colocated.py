@@ -50,6 +50,7 @@ class ColocatedEngine(EngineBase):
     def _on_step(self, record) -> None:
         if record.window_rows:
             self.metrics.observe_window_step(record.seconds, record.window_rows)
+        self.metrics.count_forwards(record.graphs)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         split = self.split_for(req)

@@ -53,6 +53,7 @@ class DecodeEngineBase(EngineBase):
     def _on_step(self, record) -> None:
         if record.window_rows:
             self.metrics.observe_window_step(record.seconds, record.window_rows)
+        self.metrics.count_forwards(record.graphs)
         self.metrics.set_queue_size(QueueName.RUNNING, self.loop.active_requests)
 
     def decode(self, group: str, data: np.ndarray) -> torch.Tensor:
