@@ -62,3 +62,33 @@ def max_diff(got: list[torch.Tensor | None], want: list[torch.Tensor | None]) ->
 
 def same_argmax(got: list[torch.Tensor | None], want: list[torch.Tensor | None]) -> bool:
     return all(g is None or torch.equal(g.argmax(-1).cpu(), w.argmax(-1).cpu()) for g, w in zip(got, want))
+
+
+def cache_state(cache: RequestCache) -> dict:
+    """Everything a request's cache holds, comparable across cache sets: position, every group's
+    stored row range and rows, window floors, compressor tails and the rollback journal."""
+    groups = {name: (rows.start, rows.end, rows.read().clone()) for name, rows in cache.groups.items()}
+    owners = {int(name.split(".L")[1]) for name in cache.groups if name.startswith("kv.")}
+    tails = {o: cache.tail(o) for o in owners}
+    return {"pos": cache.pos, "groups": groups, "floor": dict(cache.swa_floor), "tails": tails,
+            "journal": dict(cache._journal)}
+
+
+def assert_same_caches(got: RequestCache, want: RequestCache, tol: float = 0.0) -> None:
+    a, b = cache_state(got), cache_state(want)
+    assert (a["pos"], a["floor"]) == (b["pos"], b["floor"])
+    assert a["groups"].keys() == b["groups"].keys()
+    for name, (start, end, rows) in a["groups"].items():
+        w_start, w_end, w_rows = b["groups"][name]
+        assert (start, end) == (w_start, w_end), name
+        assert rows.numel() == 0 or float((rows - w_rows).abs().max()) <= tol, name
+    assert a["tails"].keys() == b["tails"].keys()
+    for o, tail in a["tails"].items():
+        assert (tail is None) == (b["tails"][o] is None), o
+        if tail is not None:
+            assert float((tail - b["tails"][o]).abs().max()) <= tol, o
+    assert a["journal"].keys() == b["journal"].keys()
+    for o, (first, values, gates) in a["journal"].items():
+        w_first, w_values, w_gates = b["journal"][o]
+        assert first == w_first and values.shape == w_values.shape, o
+        assert float((values - w_values).abs().max()) <= tol and float((gates - w_gates).abs().max()) <= tol, o

@@ -1,7 +1,8 @@
 """The graph runner on CPU: every shape decision (full decode bucket, 128-row window bucket, breakable
-mixed, eager fallback) run as padded static segments with eager attention equals the reference
-model's forward (fp32, 1e-5, same greedy tokens); padding rows never reach real rows; the segments
-are capture-safe; bad input and a failed step are handled."""
+mixed, eager fallback) equals the reference model's forward (fp32, 1e-5, same greedy tokens), run as
+unpadded segments with eager attention (backend 'eager'), as padded emulated segment graphs, or (full
+decode buckets) as emulated whole-forward graphs (see test_decode_graph); padding rows never reach
+real rows; the segments are capture-safe; bad input and a failed step are handled."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_full_decode_bucket_matches_reference(model):
     stats = runner.stats()
     assert stats.forwards == {"full": 4, "row_bucket": 0, "breakable": 0, "eager": 0}
     assert (stats.eager_forwards, stats.graph_forwards, stats.eager_fallbacks) == (4, 0, 0)
-    assert (stats.actual_rows, stats.padded_rows) == (7 + 3 + 11 + 16, 4 * 16)
+    # backend 'eager' runs the chosen (4, 4) shape unpadded: padding only serves graph replay
+    assert (stats.actual_rows, stats.padded_rows) == (7 + 3 + 11 + 16, 7 + 3 + 11 + 16)
     assert stats.eager_segment_calls == segment_calls(model, 4, 4)
     assert (stats.graph_captures, stats.graph_replays, stats.captured_shapes) == (0, 0, 0)
     t.release()
@@ -82,7 +84,7 @@ def test_window_row_bucket_then_decode(model):
 def test_mixed_step(model, backend, kind, padded):
     graphs = GraphConfig(decode_batch_sizes=(1, 2, 4, 8), mixed_backend=backend, mixed_row_buckets=(32, 64, 128))
     runner = GraphRunner(model, SchedulerConfig(num_draft_tokens=3, max_running=8, token_budget=512, graphs=graphs),
-                         moe="static")
+                         backend="emulated_graph")  # a graph backend pads the breakable shape
     t = twins(model, [64, 90, 10])
     tokens = [prompt(model.cfg, n, seed=400 + i) for i, n in enumerate([4, 1, 32])]
     out, ref = step_both(t, runner, tokens, [D, D, W])
@@ -130,8 +132,8 @@ def test_greedy_generation_equals_reference(model, backend, moe):
 
 def test_emulated_graph_path_equals_reference(model):
     """The graph path's buffer handling (static inputs, chained outputs, outputs overwritten by every
-    replay) on CPU: decode buckets, a window bucket and a mixed step equal the reference; each
-    (segment, rows) is captured once and replayed on every later step."""
+    replay) on CPU: decode buckets (whole-forward graphs), a window bucket and a mixed step (segment
+    graphs) equal the reference; each graph is captured once and replayed on every later step."""
     t = twins(model, [60, 33, 90])
     runner = GraphRunner(model, SPEC, backend="emulated_graph")
     segments = model.cfg.num_hidden_layers + 1
@@ -150,10 +152,11 @@ def test_emulated_graph_path_equals_reference(model):
     stats = runner.stats()
     assert stats.forwards == {"full": 4, "row_bucket": 1, "breakable": 1, "eager": 0}
     assert (stats.graph_forwards, stats.eager_forwards, stats.eager_segment_calls) == (6, 0, 0)
-    # segment graphs at 16 rows (buckets (4, 4) and (2, 4) -> 16 and 8 rows), 32 (mixed) and 128 (window);
-    # head graphs at logit-row buckets 8 and 16 (16 rows), 8 (8 rows), 4 (32 rows), 4 (128 rows)
-    assert stats.graph_captures == stats.captured_shapes == 4 * segments + 5
-    assert stats.graph_replays == 6 * (segments + 1)
+    # whole-forward decode graphs (batch, width, context): (4, 4, 128), (2, 4, 128), and (4, 4, 256) once
+    # request 2 passes 128 compressed rows (step 5: 90 + 1 + 4 + 20 + 50 + 1 = 166 tokens);
+    # segment graphs at 32 rows (mixed) and 128 (window), each with a head graph at 4 logit rows
+    assert stats.graph_captures == stats.captured_shapes == 3 + 2 * segments + 2
+    assert stats.graph_replays == 4 + 2 * (segments + 1)
     t.release()
 
 

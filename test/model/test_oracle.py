@@ -53,9 +53,11 @@ def test_logits_match_with_release_cache_quantization(oracle, index):
 
     A value within ~1e-7 of a 16-level FP4 boundary flips with any change of summation order, and
     the flipped cache row then nudges every later query that reads it (our own model moves the
-    same way under a 1e-6 weight perturbation). So the test counts the positions off by more than
-    1e-4 and bounds them: most positions agree to 1e-4, large deviations stay isolated, nothing
-    drifts, and the quantization itself is real (far from the oracle's exact-math logits)."""
+    same way under a 1e-6 weight perturbation). Where the first flip lands depends on the CPU's
+    summation order (on an AVX-512 EPYC, N=300 first flips at position 96 and 186 positions end up
+    off by ~1.5e-4), so the test bounds the typical deviation instead of counting positions: the
+    median position agrees to 1e-3 (a wrong quantization is off by ~0.1-0.5), large deviations stay
+    isolated, nothing drifts, and the quantization itself is real (far from the exact-math logits)."""
     weights, cases = oracle
     case = cases[index]
     model = _model(weights, "release")
@@ -65,7 +67,7 @@ def test_logits_match_with_release_cache_quantization(oracle, index):
     off = int((per_position > 1e-4).sum())
     large = int((per_position > 1e-2).sum())
     print(f"N={n}: {off} positions off by > 1e-4, {large} by > 1e-2, max {float(per_position.max()):.3g}")
-    assert off <= 0.6 * n
+    assert float(per_position.median()) <= 1e-3
     assert large <= max(1, 0.05 * n)
     assert float(per_position.max()) < 0.1
     quant_effect = (case.logits_release - case.logits_none).abs().amax(-1)

@@ -29,6 +29,16 @@ QUERY_TILE = 256  # queries per attention/indexer tile: bounds the [tile, heads,
 SMALL_SEGMENT_ROWS = 8
 
 
+def _window_start(cfg: V41Config, layer: int, first: int, floor: int, window_rows) -> int:
+    """The first window key a chunk starting at position `first` reads (its window reaches back
+    sliding_window - 1 positions, never below the layer's floor); raises if the cache dropped it."""
+    need = max(floor, first - cfg.sliding_window + 1, 0)
+    if window_rows.start > need:
+        raise RuntimeError(f"layer {layer}: window rows from {need} are needed but the cache starts at "
+                           f"{window_rows.start} (no floor covers them)")
+    return need
+
+
 @dataclass
 class ChunkState:
     """Per-request, per-forward state that flows from layer to layer (never cached across forwards)."""
@@ -163,10 +173,7 @@ class Attention(nn.Module):
         cfg, layer = self.cfg, self.info.index
         first, last = int(pos[0]), int(pos[-1])
         floor = cache.swa_floor.get(layer, 0)
-        need = max(floor, first - cfg.sliding_window + 1, 0)
-        if window_rows.start > need:
-            raise RuntimeError(f"layer {layer}: window rows from {need} are needed but the cache starts at "
-                               f"{window_rows.start} (no floor covers them)")
+        need = _window_start(cfg, layer, first, floor, window_rows)
         keys = window_rows.read(need, last + 1)
         key_pos = torch.arange(need, last + 1, device=q.device)
         low = torch.clamp(pos - cfg.sliding_window + 1, min=floor)
@@ -198,10 +205,7 @@ class Attention(nn.Module):
             pos, cache = seg.state.positions, seg.cache
             first, last = int(pos[0]), int(pos[-1])
             floor = cache.swa_floor.get(layer, 0)
-            need = max(floor, first - cfg.sliding_window + 1, 0)
-            if window_rows.start > need:
-                raise RuntimeError(f"layer {layer}: window rows from {need} are needed but the cache starts at "
-                                   f"{window_rows.start} (no floor covers them)")
+            need = _window_start(cfg, layer, first, floor, window_rows)
             queries.append(q)
             positions.append(pos)
             lows.append(torch.clamp(pos - cfg.sliding_window + 1, min=floor))

@@ -2,21 +2,28 @@
 shape that `sched.graphs` chooses.
 
 A step is a list of StepRows (a request's cache and the tokens it runs now: 1 + k decode rows, or a
-window chunk). The runner lays the rows out at the chosen shape, runs the model as static-shape
-segments (mHC mixing, norms, MoE, head: `model.segments`) with each request's attention run eagerly
-on its own paged cache between them, and returns each request's logits as `V41Model.forward` would.
+window chunk). The runner lays the rows out at the chosen shape and returns each request's logits as
+`V41Model.forward` would.
 
   FULL (uniform decode)   request b occupies rows [b*(1+k), b*(1+k) + q_len) of a (batch bucket x
                           (1+k)) block; padding rows fill short verifies and empty batch slots;
   ROW_BUCKET (window)     rows packed, padded up to the 128-row bucket;
   BREAKABLE (mixed)       rows packed, padded up to the mixed row bucket;
   EAGER                   rows packed, unpadded.
-Backend 'cuda_graph' (CUDA) replays one captured graph per (segment, padded rows); EAGER choices
-and backend 'eager' (CPU, or for comparison) call the same segment functions on the same padded
-rows; 'emulated_graph' keeps the graph path's static buffers and replay semantics on any device, so
-CPU tests check the graph path's plumbing. Attention always runs eagerly: its paged caches grow and
-free pages on the host, so a FULL decode shape replays per-layer segment graphs around it rather
-than one whole-forward graph. `stats()` counts forwards by shape, captures, replays and eager calls.
+On the graph backends ('cuda_graph' on CUDA; 'emulated_graph', which keeps the graph path's static
+buffers and replay semantics on any device and runs every graph under `capture_guard.no_host_sync`,
+so CPU tests check the graph path) a FULL choice runs as ONE whole-forward graph per (batch bucket,
+1 + k, context capacity) (`decode_graph`): before the replay the host reserves the cache rows the
+step writes and fills static page tables, slots, positions and masks (`decode_plan`); attention is
+static-shape tensor work inside the graph; afterwards the host commits row ends, window drops,
+compressor tails and positions. ROW_BUCKET and BREAKABLE choices replay one graph per (segment,
+padded rows) (mHC mixing, norms, MoE, head: `model.segments`) with each request's attention run
+eagerly on its own paged cache between them (its caches grow and free pages on the host); EAGER
+choices call the same segment functions directly. With the release cache quantizer (not capturable:
+it checks codes on the host) FULL choices also take the segment path. Backend 'eager' (CPU, or for
+comparison) runs every choice's segment functions UNPADDED, since padding only serves graph replay;
+the choice still counts under its kind. `stats()` counts forwards by shape, captures, replays and
+eager calls.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..cache import RequestCache
+from ..cache import CacheSet, RequestCache
 from ..cache.request import ROLLBACK_MARGIN_ROWS
 from ..sched import (
     ForwardKind,
@@ -39,12 +46,13 @@ from ..sched import (
     choose_window_graph,
 )
 from .attention import ChunkState, RowBatch, Segment
+from .decode_graph import DecodeForward, DecodeShape, context_capacity
+from .decode_plan import PAD_TOKEN, DecodeRequest, DecodeStep, context_rows
 from .model import V41Model
 from .segment_exec import CudaGraphExecutor, EagerExecutor, EmulatedGraphExecutor, SegmentCounters
 from .segments import SegmentProgram
 
 LOGITS_MODES = ("all", "last", "none")
-PAD_TOKEN = 0  # padding rows embed a real token: their values stay finite and never reach real rows
 
 
 class RowKind(str, Enum):
@@ -100,11 +108,17 @@ class RowLayout:
                 raise ValueError(f"{len(lengths)} requests of up to {max(lengths)} rows do not fit the full-graph "
                                  f"shape {choice.padded_shape}")
             return cls(batch * width, tuple(b * width for b in range(len(lengths))), lengths)
+        return cls.packed(lengths, choice.padded_rows)
+
+    @classmethod
+    def packed(cls, lengths: Sequence[int], rows: int | None = None) -> "RowLayout":
+        """Requests back to back from row 0, in `rows` rows (default: unpadded)."""
+        lengths = tuple(lengths)
         starts, at = [], 0
         for n in lengths:
             starts.append(at)
             at += n
-        return cls(choice.padded_rows, tuple(starts), lengths)
+        return cls(at if rows is None else rows, tuple(starts), lengths)
 
     def real_rows(self, device: torch.device) -> slice | torch.Tensor:
         """Index of the real rows in request order: a slice when they are packed from row 0."""
@@ -192,6 +206,10 @@ class GraphRunner:
         elif self.backend is Backend.EMULATED_GRAPH:
             self._graphs = EmulatedGraphExecutor(self._counters)
         self._forwards = {kind.value: 0 for kind in GraphKind}
+        self._decode_fns: dict[tuple, DecodeForward] = {}
+        # The release cache quantizer checks its codes on the host (not capturable): with it, FULL
+        # decode choices keep the segment path (eager attention between segment graphs).
+        self.whole_decode_graphs = self._graphs is not None and model.quant.mode == "none"
         self._graph_forwards = self._eager_forwards = 0
         self._actual_rows = self._padded_rows = 0
 
@@ -275,8 +293,14 @@ class GraphRunner:
         else:
             self._check_choice(choice, rows)
         self.program.check_weights()
-        layout = RowLayout.for_choice(choice, [r.num_rows for r in rows])
-        padded = choice.kind is not GraphKind.EAGER
+        if choice.kind is GraphKind.FULL and self.whole_decode_graphs:
+            return self._run_decode_graph(rows, choice, tuple(capture_layers))
+        lengths = [r.num_rows for r in rows]
+        # Padding only serves graph replay: the eager backend runs the chosen shape unpadded.
+        padded = choice.kind is not GraphKind.EAGER and self.backend is not Backend.EAGER
+        layout = RowLayout.for_choice(choice, lengths)  # checks the rows fit the choice
+        if not padded:
+            layout = RowLayout.packed(lengths)
         executor = self._executor(choice)
 
         tokens = torch.full((layout.rows,), PAD_TOKEN, dtype=torch.long)
@@ -321,6 +345,52 @@ class GraphRunner:
         self._count(choice, layout, executor)
         return StepOutput(self._split_logits(rows, logits), choice,
                           {layer: tuple(v) for layer, v in features.items()})
+
+    def _decode_forward(self, cache_set: CacheSet, shape: DecodeShape, capture: tuple[int, ...]):
+        """(executor key, function) of the whole-forward decode graph of this shape over these pools."""
+        key = ("decode", id(cache_set), shape.batch, shape.width, shape.context, capture)
+        fn = self._decode_fns.get(key)
+        if fn is None:
+            # the function holds the cache set (its pools): the id in the key is never reused meanwhile
+            fn = self._decode_fns[key] = DecodeForward(self.program, cache_set, shape, capture)
+        return key, fn
+
+    def _run_decode_graph(self, rows: list[StepRows], choice: GraphChoice, capture: tuple[int, ...]) -> StepOutput:
+        """A FULL decode choice as one whole-forward graph replay (see `decode_graph`)."""
+        cache_set = rows[0].cache.set
+        if any(r.cache.set is not cache_set for r in rows):
+            raise ValueError("a full-graph decode step needs every request's cache in one cache set")
+        batch, width = choice.padded_shape
+        RowLayout.for_choice(choice, [r.num_rows for r in rows])  # checks the rows fit the shape
+        capture = tuple(sorted(set(capture) & {b.info.index for b in self.program.blocks}))
+        context = context_capacity(max(context_rows(self.program, r.cache.pos + r.num_rows) for r in rows))
+        shape = DecodeShape(batch, width, context)
+        step = DecodeStep(self.program, [DecodeRequest(r.cache, r.tokens) for r in rows], shape)
+        key, fn = self._decode_forward(cache_set, shape, capture)
+        try:
+            inputs = step.prepare(self.device)
+            outputs = self._graphs.call(key, fn, inputs)
+        except Exception as exc:
+            step.abandon()  # no row was advanced: every request is where it started
+            raise StepFailed(None, exc, tuple(range(len(rows))), ()) from exc
+        step.commit(outputs, 1 + len(capture))
+        logits, out, features = outputs[0], [], {}
+        for b, r in enumerate(rows):
+            at = b * width
+            if r.logits == "all":
+                out.append(logits[at : at + r.num_rows].clone())
+            elif r.logits == "last":
+                out.append(logits[at + r.num_rows - 1].clone())
+            else:
+                out.append(None)
+        for j, layer in enumerate(capture):
+            features[layer] = tuple(outputs[1 + j][b * width : b * width + r.num_rows].clone()
+                                    for b, r in enumerate(rows))
+        self._forwards[choice.kind.value] += 1
+        self._graph_forwards += 1
+        self._actual_rows += choice.actual_rows
+        self._padded_rows += shape.rows
+        return StepOutput(tuple(out), choice, features)
 
     def _split_logits(self, rows: Sequence[StepRows], logits: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         out, at = [], 0
@@ -375,9 +445,20 @@ class GraphRunner:
 
     # ---- warm-up and stats -----------------------------------------------------------------------
     @torch.no_grad()
-    def prepare(self, choice: GraphChoice, logit_rows: int) -> None:
+    def prepare(self, choice: GraphChoice, logit_rows: int, cache_set: CacheSet | None = None, context: int = 0,
+                capture_layers: Sequence[int] = ()) -> None:
         """Run (and on CUDA capture) the segments of `choice`'s shape with no request: pad tokens, zero
-        attention outputs, `logit_rows` logit rows. Caches are not touched; counters count it."""
+        attention outputs, `logit_rows` logit rows. Caches are not touched; counters count it.
+        With `cache_set`, a FULL choice on a graph backend instead captures the whole-forward decode
+        graph over that cache set's pools for requests holding up to `context` compressed rows (every
+        row is padding: no stored row changes); `logit_rows` is then unused (it computes every row's)."""
+        if choice.kind is GraphKind.FULL and self.whole_decode_graphs and cache_set is not None:
+            batch, width = choice.padded_shape
+            shape = DecodeShape(batch, width, context_capacity(context))
+            capture = tuple(sorted(set(capture_layers) & {b.info.index for b in self.program.blocks}))
+            key, fn = self._decode_forward(cache_set, shape, capture)
+            self._graphs.call(key, fn, DecodeStep(self.program, [], shape).prepare(self.device))
+            return
         rows = choice.padded_rows
         executor = self._executor(choice)
         picks = None

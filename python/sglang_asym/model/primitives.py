@@ -52,10 +52,14 @@ class RopeTable:
             ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
             freqs = freqs / factor * ramp + freqs * (1 - ramp)
         self.freqs = freqs
+        self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def angles(self, positions: torch.Tensor) -> torch.Tensor:
         """[T] integer positions -> [T, dim/2] fp32 angles."""
-        return positions.float().unsqueeze(-1) * self.freqs.to(positions.device)
+        freqs = self._on_device.get(positions.device)
+        if freqs is None:  # kept per device: a host-to-device copy could not run inside a CUDA graph capture
+            freqs = self._on_device[positions.device] = self.freqs.to(positions.device)
+        return positions.float().unsqueeze(-1) * freqs
 
 
 def apply_rope(x: torch.Tensor, angles: torch.Tensor, inverse: bool = False) -> torch.Tensor:

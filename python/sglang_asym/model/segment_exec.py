@@ -20,6 +20,8 @@ from typing import Callable, Hashable
 
 import torch
 
+from .capture_guard import no_host_sync
+
 Tensors = tuple[torch.Tensor, ...]
 
 
@@ -117,13 +119,16 @@ class CudaGraphExecutor(_StaticExecutor):
 class EmulatedGraphExecutor(_StaticExecutor):
     """CUDA-graph semantics on any device, for checking the runner's buffer discipline on CPU: the
     same static inputs and chaining, and outputs that are fixed tensors overwritten by every replay
-    (a caller that keeps an output past the next replay of its segment reads the newer values)."""
+    (a caller that keeps an output past the next replay of its segment reads the newer values).
+    Every call runs under `capture_guard.no_host_sync()`: a host sync fails as capture would."""
 
     def _record(self, fn: Callable[..., Tensors], static_inputs: Tensors) -> tuple[Callable[[], None], Tensors]:
-        outputs = tuple(t.clone() for t in fn(*static_inputs))
+        with no_host_sync():  # what a CUDA graph could not capture fails here too
+            outputs = tuple(t.clone() for t in fn(*static_inputs))
 
         def replay() -> None:
-            for out, new in zip(outputs, fn(*static_inputs)):
-                out.copy_(new)
+            with no_host_sync():
+                for out, new in zip(outputs, fn(*static_inputs)):
+                    out.copy_(new)
 
         return replay, outputs
