@@ -1,9 +1,11 @@
 """Eager segments vs CUDA-graph replay in the graph runner, per decode bucket (batch x (1 + k)).
 
 Two timings per bucket: the segment chain alone (mHC, norms, MoE, head over the padded rows, no
-attention: the launch-bound part a graph removes), and whole decode steps of real requests (segments
-plus the eager paged attention between them), next to the reference model's own forward over the same
-requests. Random weights of a preset; the graph columns need CUDA (on CPU they are null).
+attention: the launch-bound part a graph removes), and whole decode steps of real requests (the graph
+runner replays ONE whole-forward decode graph per step, attention included, after the host fills its
+page tables; the eager runner calls the segments with eager paged attention between them), next to the
+reference model's own forward over the same requests. Random weights of a preset; the graph columns
+need CUDA (on CPU they are null).
 
     python benchmark/graph_timing.py --preset small --out benchmark/results/gpu_check.json
 """

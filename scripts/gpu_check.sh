@@ -3,9 +3,10 @@
 #
 #   bash scripts/gpu_check.sh            # from the device tool: run(command="bash scripts/gpu_check.sh", timeout_s=420)
 #
-# 1. the CUDA tests: graph replay equals eager for decode buckets, 128-row window and mixed steps, and
-#    the reference model on CUDA equals it on CPU (test/model/test_graph_runner_cuda.py), plus the
-#    CPU graph-runner tests on that machine;
+# 1. the CUDA tests: the whole-forward decode graph (attention inside, release cache formats included)
+#    replays equal to eager and to the uncaptured function, 128-row window and mixed steps replay equal
+#    to eager, and the reference model on CUDA equals it on CPU (test/model/test_graph_runner_cuda.py),
+#    plus the CPU graph-runner and decode-graph tests on that machine;
 # 2. eager vs graph-replay timings per decode bucket on the small preset (benchmark/graph_timing.py).
 # It uses the machine's own python3, which holds a CUDA build of PyTorch (a venv made here holds a CPU
 # build and would not help; the machine cannot download): this checkout's package and tests are put
@@ -37,7 +38,7 @@ fi
 
 start=$SECONDS
 timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=10 \
-  test/model/test_graph_runner_cuda.py test/model/test_graph_runner.py 2>&1 | tee "$LOGS/gpu_tests.log"
+  test/model/test_graph_runner_cuda.py test/model/test_graph_runner.py test/model/test_decode_graph.py 2>&1 | tee "$LOGS/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "gpu_check: tests rc=$tests_rc in $((SECONDS - start)) s"
 

@@ -223,18 +223,48 @@ def test_small_config_steps():
     t.release()
 
 
-def test_release_cache_quant_keeps_segment_path():
-    """The release quantizer checks its codes on the host, so FULL choices keep the segment graphs
-    with eager attention (still equal to the reference)."""
+def test_release_cache_quant_runs_the_whole_graph():
+    """The release formats (FP8 window KV, NVFP4 compressed rows, MXFP4 index keys and queries) inside the
+    whole-forward graph: its quantizer skips the host-side refusals, so FULL choices are one graph and the
+    steps equal the reference model, whose quantizer does refuse (same bits for finite rows)."""
     quant = build("tiny", seed=1, cache_quant="release")
-    t = twins(quant, [40, 57])
+    t = twins(quant, [40, 57, 129])
     runner = GraphRunner(quant, SPEC, backend="emulated_graph")
-    assert not runner.whole_decode_graphs
-    tokens = [prompt(quant.cfg, q, seed=1200 + i) for i, q in enumerate([4, 2])]
-    out, ref = step_both(t, runner, tokens, [D, D])
-    assert out.choice.kind is GraphKind.FULL and max_diff(out.logits, ref) <= TOL
+    assert runner.whole_decode_graphs
+    for step, q_lens in enumerate(([4, 2, 1], [1, 3, 4], [2, 2, 2])):
+        check_step(t, runner, q_lens, 1200 + 10 * step, (4, 4))
     stats = runner.stats()
-    assert stats.graph_forwards == 1 and stats.graph_captures == quant.cfg.num_hidden_layers + 2  # segments + head
+    assert (stats.graph_captures, stats.graph_replays, stats.eager_segment_calls) == (1, 3, 0)
+    t.release()
+
+
+def test_non_finite_logits_fail_the_step_before_anything_is_committed():
+    """Inside the graph nothing refuses a NaN, so the host checks each request's logits after the replay:
+    a token whose embedding is NaN fails the step, nothing is committed (every request where it was and
+    every reserved page given back), and the other requests then run alone through the graph."""
+    bad_model = build("tiny", seed=1)
+    poison = 17
+    with torch.no_grad():
+        bad_model.embed.weight[poison] = float("nan")
+    t = twins(bad_model, [33, 48])
+    runner = GraphRunner(bad_model, SPEC, backend="emulated_graph")
+    states = [cache_state(c) for c in t.run]
+    free = t.run[0].set.free_pages()
+    good = prompt(bad_model.cfg, 3, seed=1250)
+    good = torch.where(good == poison, good + 1, good)
+    with pytest.raises(StepFailed) as failed:
+        runner.run([StepRows(t.run[0], good), StepRows(t.run[1], torch.tensor([5, poison]))])
+    assert "request(s) [1] of the decode step produced NaN or inf logits" in str(failed.value.cause)
+    assert (failed.value.layer, failed.value.rolled_back, failed.value.unrecoverable) == (None, (0, 1), ())
+    assert t.run[0].set.free_pages() == free
+    for c, state in zip(t.run, states):
+        now = cache_state(c)
+        assert (now["pos"], now["floor"]) == (state["pos"], state["floor"])
+        for name, (start, end, rows) in state["groups"].items():
+            assert now["groups"][name][:2] == (start, end) and torch.equal(now["groups"][name][2], rows), name
+    out = runner.run([StepRows(t.run[0], good)])
+    ref = bad_model(good, t.ref[0], logits="all")
+    assert max_diff(list(out.logits), [ref]) <= TOL
     t.release()
 
 

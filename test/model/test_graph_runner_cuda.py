@@ -24,10 +24,10 @@ GRAPHS = GraphConfig(decode_batch_sizes=(1, 2, 4, 8), window_row_bucket=128, max
 SPEC = SchedulerConfig(num_draft_tokens=3, max_running=8, token_budget=512, graphs=GRAPHS)  # verify width 4
 
 
-def cuda_model(dtype: str | None = None, seed: int = 1) -> V41Model:
+def cuda_model(dtype: str | None = None, seed: int = 1, cache_quant: str = "none") -> V41Model:
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons need full-precision matmuls
     torch.backends.cudnn.allow_tf32 = False
-    model = V41Model(V41Config.preset("tiny"), dtype=dtype, device="cuda")
+    model = V41Model(V41Config.preset("tiny"), dtype=dtype, device="cuda", cache_quant=cache_quant)
     model.load_weights({k: v for k, v in weights("tiny", seed).items() if k in model.expected_tensor_names()})
     return model
 
@@ -63,6 +63,26 @@ def test_decode_bucket_replay_equals_eager(model, batch):
     # one whole-forward graph per (bucket, 4, context capacity): the context passes 64 or 128 at most once
     assert stats.graph_captures == stats.captured_shapes and 1 <= stats.graph_captures <= 2
     assert stats.graph_replays == 4
+    t.release()
+
+
+def test_decode_graph_with_release_cache_formats():
+    """The served formats (FP8 window KV, NVFP4 compressed rows, MXFP4 index keys/queries) quantized
+    inside the captured graph (no host-side refusals there) equal the eager runner, whose quantizer
+    refuses non-finite rows on the host: same bits for finite rows."""
+    quant = cuda_model(cache_quant="release")
+    t = twins(quant, [40, 57, 129])
+    graph, eager = GraphRunner(quant, SPEC), GraphRunner(quant, SPEC, backend="eager", moe="static")
+    assert graph.whole_decode_graphs
+    for step, q_lens in enumerate(([4, 2, 1], [1, 3, 4], [2, 2, 2])):
+        tokens = [prompt(quant.cfg, q, seed=1200 + 10 * step + i) for i, q in enumerate(q_lens)]
+        got, want = graph_and_eager_step(t, graph, eager, tokens, [D] * 3)
+        assert got.choice.kind is GraphKind.FULL
+        assert max_diff(got.logits, want.logits) <= 1e-5 and same_argmax(got.logits, want.logits)
+        for a, b in zip(t.run, t.ref):
+            assert_same_caches(a, b, tol=1e-5)
+    stats = graph.stats()
+    assert (stats.graph_forwards, stats.eager_segment_calls, stats.graph_replays) == (3, 0, 3)
     t.release()
 
 

@@ -88,9 +88,10 @@ SEPARATE = [(0, 50, ("row_bucket",)), (2, 40, ("full", "row_bucket"))] + MIXED[2
 PADDED = {"mixed": 128 + 48 + 4 * 4 + 1, "separate": 128 + 2 + 128 + 4 * 4 + 1}
 
 
-# The served release cache formats run eagerly; the emulated graph path (static buffers, replays) runs
-# over unquantized caches.
-@pytest.mark.parametrize("backend,quant", [("eager", "release"), ("emulated_graph", "none")])
+# The served release cache formats and unquantized caches, eagerly and through the emulated graph path
+# (static buffers, replays, the whole-forward decode graph).
+@pytest.mark.parametrize("backend,quant", [("eager", "release"), ("emulated_graph", "release"),
+                                           ("emulated_graph", "none")])
 @pytest.mark.parametrize("mode", ["mixed", "separate"])
 def test_served_steps_count_forwards_by_graph_shape(models, mode, backend, quant):
     model = models[quant]

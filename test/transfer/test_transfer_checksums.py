@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+from crc32c import crc32c
 import numpy as np
 import pytest
 import torch
@@ -25,7 +25,7 @@ def random_pool(name: str, slots: int, row_bytes: int, seed: int) -> RowPool:
 
 
 def expected_crc(pool: RowPool, slots: np.ndarray) -> int:
-    return zlib.crc32(pool.array[slots].tobytes())
+    return crc32c(pool.array[slots].tobytes())
 
 
 def test_running_checksums_equal_one_pass_over_the_rows() -> None:
@@ -93,10 +93,10 @@ def test_verifier_accepts_exact_rows_and_names_the_first_bad_group(rows: int) ->
         verifier = CompletionVerifier(pools, ex, conclude)
         assert check(good) is None
         assert check({**good, "index": good["index"] ^ 1}) == (
-            f"checksum mismatch in group 'index': destination rows crc32={good['index']:#010x}, "
-            f"prefill sent crc32={good['index'] ^ 1:#010x}")
+            f"checksum mismatch in group 'index': destination rows crc32c={good['index']:#010x}, "
+            f"prefill sent crc32c={good['index'] ^ 1:#010x}")
         pools["kv"].array[dest["kv"][rows // 2]] ^= 0xFF                 # a stray write on D
-        assert check(good).startswith("checksum mismatch in group 'kv': destination rows crc32=")
+        assert check(good).startswith("checksum mismatch in group 'kv': destination rows crc32c=")
         assert check(good, {"kv": rows, "empty": 0, "index": rows - 1}) == (
             f"partial transfer: group 'index' has {rows - 1} of {rows} rows")
     assert len(verdicts) == 4 and {r for r, _ in verdicts} == {5}     # exactly one verdict per completion

@@ -77,7 +77,7 @@ def test_checksum_mismatch_fails_both_sides(pair) -> None:
     pair.D.call("corrupt", room=room, group="L8.index", row=700)  # a stray write on D
     pair.P.call("finish", room=room)
     state, reason, _ = pair.D.call("wait", room=room, states=TERMINAL)
-    assert state == FAILED and reason.startswith("checksum mismatch in group 'L8.index': destination rows crc32=")
+    assert state == FAILED and reason.startswith("checksum mismatch in group 'L8.index': destination rows crc32c=")
     assert pair.P.call("wait", room=room, states=TERMINAL)[:2] == (FAILED, f"decode rejected the transfer: {reason}")
     settle(pair, room, released_by_confirmation=True)  # P wrote nothing after its completion
 

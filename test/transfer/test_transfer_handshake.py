@@ -123,7 +123,7 @@ def test_decode_never_accepts_partial_or_wrong_rows() -> None:
 
         assert verdict(5, good) is None
         assert verdict(4, good) == "partial transfer: group 'L20.kv' has 4 of 5 rows"
-        assert verdict(5, good ^ 1).startswith("checksum mismatch in group 'L20.kv': destination rows crc32=")
+        assert verdict(5, good ^ 1).startswith("checksum mismatch in group 'L20.kv': destination rows crc32c=")
         assert verdict(5, good, ("tails", "L20.kv")) == (
             "completion covers groups ['tails', 'L20.kv'], manifest has ['L20.kv', 'tails']")
 

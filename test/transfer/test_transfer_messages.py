@@ -32,7 +32,7 @@ ALL = [REQUEST, TransferAccept(1, "tcp://127.0.0.1:1", COMPAT), TransferReject(2
 @pytest.mark.parametrize("msg", ALL, ids=lambda m: type(m).__name__)
 def test_round_trip_is_exact(msg) -> None:
     data = codec.encode(msg)
-    assert msgpack.unpackb(data)[:3] == ["sgla", 1, type(msg).TAG]
+    assert msgpack.unpackb(data)[:3] == ["sgla", 2, type(msg).TAG]
     back = codec.decode(data)
     assert back == msg and type(back) is type(msg)
 
@@ -41,13 +41,13 @@ def test_every_message_type_is_covered() -> None:
     assert {type(m).TAG for m in ALL} == set(codec._REGISTRY)
 
 
-def envelope(version=1, tag="transfer_verdict", fields=None) -> bytes:
+def envelope(version=codec.PROTOCOL_VERSION, tag="transfer_verdict", fields=None) -> bytes:
     return msgpack.packb(["sgla", version, tag, fields if fields is not None else
                           {"room": 1, "ok": True, "reason": ""}])
 
 
 @pytest.mark.parametrize("data, message", [
-    (envelope(version=2), "unsupported control protocol version 2 (this side speaks 1)"),
+    (envelope(version=1), "unsupported control protocol version 1 (this side speaks 2)"),
     (envelope(tag="transfer_teleport"), "unknown control message type 'transfer_teleport'"),
     (b"\xc1", "control message is not valid msgpack"),
     (msgpack.packb(["zmq", 1, "ping", {}]), "lacks the sglang-asym envelope"),

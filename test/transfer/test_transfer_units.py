@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 
+from crc32c import crc32c
 import numpy as np
 import pytest
 import torch
@@ -104,9 +104,9 @@ def test_config_validation(field, value, message) -> None:
 def test_checksum_follows_row_order_over_scattered_slots() -> None:
     pool = RowPool("kv", torch.arange(10 * 4, dtype=torch.uint8).reshape(10, 4))
     slots = np.array([7, 8, 2, 3, 4])
-    expected = zlib.crc32(bytes(pool.array[slots].tobytes()))
+    expected = crc32c(bytes(pool.array[slots].tobytes()))
     assert crc_rows(pool, slots) == expected
-    assert checksum_rows(pool, "kv", slots).crc32 == expected and checksum_rows(pool, "kv", slots).rows == 5
+    assert checksum_rows(pool, "kv", slots).crc32c == expected and checksum_rows(pool, "kv", slots).rows == 5
     assert crc_rows(pool, slots[2:], crc_rows(pool, slots[:2])) == expected  # incremental == whole
     assert crc_rows(pool, np.array([2, 3, 4, 7, 8])) != expected  # order matters
 

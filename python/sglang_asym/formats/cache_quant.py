@@ -32,8 +32,8 @@ class CacheFormat:
     def __post_init__(self) -> None:
         resolve_block_size(self.fmt, self.block_size)
 
-    def fake_quantize(self, values: torch.Tensor) -> torch.Tensor:
-        return fake_quantize(values, self.fmt, self.block_size)
+    def fake_quantize(self, values: torch.Tensor, checked: bool = True) -> torch.Tensor:
+        return fake_quantize(values, self.fmt, self.block_size, checked=checked)
 
     def row_bytes(self, channels: int) -> int:
         return row_bytes(self.fmt, channels, self.block_size)
@@ -53,6 +53,7 @@ class CacheQuant:
     swa_kv_block_size: int = FORMATS["fp8"].release_block_size
     main_kv_block_size: int = FORMATS["nvfp4"].release_block_size
     index_block_size: int = FORMATS["mxfp4"].release_block_size
+    checked: bool = True  # False: non-finite rows pass through unrefused (capturable; see codec)
 
     def __post_init__(self) -> None:
         if self.mode not in ("none", "release"):
@@ -78,14 +79,14 @@ class CacheQuant:
 
 def quantize_swa_kv(values: torch.Tensor, quant: CacheQuant) -> torch.Tensor:
     """SWA KV rows [..., head_dim] after RoPE."""
-    return quant.swa_kv.fake_quantize(values) if quant.enabled else values
+    return quant.swa_kv.fake_quantize(values, quant.checked) if quant.enabled else values
 
 
 def quantize_main_kv(values: torch.Tensor, quant: CacheQuant) -> torch.Tensor:
     """Compressed main KV rows [..., head_dim] after RoPE."""
-    return quant.main_kv.fake_quantize(values) if quant.enabled else values
+    return quant.main_kv.fake_quantize(values, quant.checked) if quant.enabled else values
 
 
 def quantize_index(values: torch.Tensor, quant: CacheQuant) -> torch.Tensor:
     """Indexer keys [..., index_dim] or queries [..., heads, index_dim] after RoPE."""
-    return quant.index.fake_quantize(values) if quant.enabled else values
+    return quant.index.fake_quantize(values, quant.checked) if quant.enabled else values

@@ -23,10 +23,17 @@ Policy for values a format cannot hold:
   turns such groups into NaN or silently into zeros, neither of which is a cache value.
 - A finite group whose dequantized value would overflow float32 (amax within a few percent
   of float32's maximum, fp8 and mxfp4 only; the reference yields inf) is refused likewise.
+Both refusals read a flag on the host. Inside a captured CUDA graph that is impossible, so
+`checked=False` skips them: NaN/inf rows then come out as the reference's kernels make them
+(NaN/inf for fp8 and nvfp4; an mxfp4 group's scale wraps to 0 and the group decodes to zeros),
+and the caller must look afterwards. A non-finite cache value comes from a non-finite hidden
+state, which also reaches the logits: the graph runner checks each request's logits after a
+replay. Finite values quantize bit for bit the same either way.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -94,12 +101,23 @@ def _ue8m0_value(biased_exponent: torch.Tensor) -> torch.Tensor:
 
 def _e2m1_codes(normalized: torch.Tensor) -> torch.Tensor:
     magnitude = normalized.abs()
-    tie_down = magnitude.new_tensor(_TIE_DOWN_MIDPOINTS)
-    tie_up = magnitude.new_tensor(_TIE_UP_MIDPOINTS)
+    tables = _constants(magnitude.device)
+    tie_down, tie_up = tables["tie_down"], tables["tie_up"]
     # count of midpoints passed: strictly for tie-down midpoints, inclusively for tie-up ones
     code = torch.bucketize(magnitude, tie_down, right=False) + torch.bucketize(magnitude, tie_up, right=True)
     sign = torch.signbit(normalized).to(torch.uint8) << 3
     return code.to(torch.uint8) | sign
+
+
+@functools.lru_cache(maxsize=None)
+def _constants(device: torch.device) -> dict[str, torch.Tensor]:
+    """The e2m1 tables on `device`, made once: a host-to-device copy cannot run inside a CUDA graph."""
+    signed_levels = E2M1_LEVELS + tuple(-v for v in E2M1_LEVELS)
+    return {
+        "signed_levels": torch.tensor(signed_levels, dtype=torch.float32, device=device),
+        "tie_down": torch.tensor(_TIE_DOWN_MIDPOINTS, dtype=torch.float32, device=device),
+        "tie_up": torch.tensor(_TIE_UP_MIDPOINTS, dtype=torch.float32, device=device),
+    }
 
 
 def decode_groups(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec) -> torch.Tensor:
@@ -107,8 +125,7 @@ def decode_groups(codes: torch.Tensor, scales: torch.Tensor, spec: FormatSpec) -
     if spec.value_bits == 8:
         elements = codes.view(torch.float8_e4m3fn).float()
     else:
-        signed_levels = E2M1_LEVELS + tuple(-v for v in E2M1_LEVELS)
-        elements = torch.tensor(signed_levels, dtype=torch.float32, device=codes.device)[codes.long()]
+        elements = _constants(codes.device)["signed_levels"][codes.long()]
     if spec.scale_encoding == "ue8m0":
         scale = _ue8m0_value(scales)
     else:
@@ -122,10 +139,12 @@ def first_nonfinite_row(decoded: torch.Tensor) -> str | None:
 
 
 @torch.no_grad()
-def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None) -> EncodedGroups:
+def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None, *,
+                  checked: bool = True) -> EncodedGroups:
     """Quantize values [..., channels] (any float dtype, not modified) per the module rules.
 
-    block_size None means the release's block size for `fmt`.
+    block_size None means the release's block size for `fmt`. checked=False skips the refusals
+    of non-finite rows (no host sync: capturable), see the module doc.
     """
     spec = format_spec(fmt)
     block = resolve_block_size(fmt, block_size)
@@ -136,7 +155,7 @@ def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None)
     channels = values.shape[-1]
     grouped = F.pad(values.float(), (0, -channels % block)).unflatten(-1, (-1, block))
     amax = grouped.abs().amax(dim=-1)
-    bad = _first_row(~torch.isfinite(amax))
+    bad = _first_row(~torch.isfinite(amax)) if checked else None
     if bad is not None:
         raise ValueError(f"{fmt}: row {bad} contains NaN or inf; cache values must be finite")
 
@@ -158,18 +177,19 @@ def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None)
         codes = _e2m1_codes(normalized)
 
     decoded = decode_groups(codes, scales, spec)
-    bad = first_nonfinite_row(decoded)
+    bad = first_nonfinite_row(decoded) if checked else None
     if bad is not None:
         raise ValueError(f"{fmt}: row {bad} is too large for the format: its dequantized value overflows float32")
     return EncodedGroups(codes=codes, scales=scales, decoded=decoded, channels=channels)
 
 
-def fake_quantize(values: torch.Tensor, fmt: str, block_size: int | None = None) -> torch.Tensor:
+def fake_quantize(values: torch.Tensor, fmt: str, block_size: int | None = None, *,
+                  checked: bool = True) -> torch.Tensor:
     """Quantize then dequantize values [..., channels]: same shape and dtype, new storage.
 
     Bit-identical to the released reference for every input it accepts (see module doc for
-    the refusal policy). No gradient flows through (inference only).
+    the refusal policy and `checked`). No gradient flows through (inference only).
     """
-    encoded = encode_groups(values, fmt, block_size)
+    encoded = encode_groups(values, fmt, block_size, checked=checked)
     out = encoded.decoded.flatten(-2)[..., : encoded.channels]
     return out.to(values.dtype).contiguous()

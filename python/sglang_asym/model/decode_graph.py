@@ -97,6 +97,8 @@ class DecodeForward:
         self.program, self.cache_set, self.shape, self.capture = program, cache_set, shape, tuple(capture)
         self.model = program.model
         self.cfg = self.model.cfg
+        # Cache quantization without its host-side refusals; the runner checks the logits after a replay.
+        self.quant = self.model.quant.capture_safe()
         self.names = INPUT_NAMES
         self.owners2 = ratio2_owners(program)
         self.owner_at = {o: j for j, o in enumerate(kv_owners(program))}
@@ -129,7 +131,7 @@ class DecodeForward:
 
     # ---- one layer's attention -----------------------------------------------------------------
     def _attention(self, block, x: torch.Tensor, t: dict, state: dict, pairs: dict) -> torch.Tensor:
-        attn, info, cfg, quant = block.attn, block.info, self.cfg, self.model.quant
+        attn, info, cfg, quant = block.attn, block.info, self.cfg, self.quant
         B, W = self.shape.batch, self.shape.width
         i, li = info.index, self.layer_at[info.index]
         heads, hd = cfg.num_attention_heads, cfg.head_dim
@@ -174,7 +176,7 @@ class DecodeForward:
     def _compress(self, attn, x: torch.Tensor, t: dict, owner: int, pairs: dict) -> None:
         """Every row's candidate compressed row; rows marked `done` complete one and store it."""
         B, W = self.shape.batch, self.shape.width
-        comp, quant, pos = attn.compressor, self.model.quant, t["positions"]
+        comp, quant, pos = attn.compressor, self.quant, t["positions"]
         v, g = comp.project(x)
         if comp.ratio == 1:
             latent, row_pos = v, pos
@@ -197,7 +199,7 @@ class DecodeForward:
     def _index(self, attn, info, x, q_latent, angles, t: dict, state: dict) -> None:
         B, W = self.shape.batch, self.shape.width
         indexer, cfg = attn.indexer, self.cfg
-        q, w = indexer.queries(x, q_latent, angles, self.model.quant)
+        q, w = indexer.queries(x, q_latent, angles, self.quant)
         keys = self.flat[index_group(info.kv_source)][t["idx_read"][self.owner_at[info.kv_source]]]  # [B, C, dim]
         scores = torch.einsum("bthd,brd->bthr", q.view(B, W, *q.shape[1:]), keys)
         scores = (scores.relu() * w.view(B, W, -1, 1)).sum(dim=2).flatten(0, 1)  # [N, C]

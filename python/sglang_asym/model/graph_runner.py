@@ -19,8 +19,9 @@ static-shape tensor work inside the graph; afterwards the host commits row ends,
 compressor tails and positions. ROW_BUCKET and BREAKABLE choices replay one graph per (segment,
 padded rows) (mHC mixing, norms, MoE, head: `model.segments`) with each request's attention run
 eagerly on its own paged cache between them (its caches grow and free pages on the host); EAGER
-choices call the same segment functions directly. With the release cache quantizer (not capturable:
-it checks codes on the host) FULL choices also take the segment path. Backend 'eager' (CPU, or for
+choices call the same segment functions directly. Inside the decode graph the cache quantizer runs
+without its host-side refusals of NaN/inf rows (`Quantizer.capture_safe`); instead the host checks each
+request's logits after the replay and fails the step before committing anything. Backend 'eager' (CPU, or for
 comparison) runs every choice's segment functions UNPADDED, since padding only serves graph replay;
 the choice still counts under its kind. `stats()` counts forwards by shape, captures, replays and
 eager calls.
@@ -168,6 +169,17 @@ class StepFailed(RuntimeError):
         self.rolled_back, self.unrecoverable = rolled_back, unrecoverable
 
 
+def _check_finite(logits: torch.Tensor, q_lens: Sequence[int], width: int) -> None:
+    """After a decode-graph replay: every real row's logits must be finite. The graph quantized the
+    caches without refusing NaN/inf rows (no host sync inside it), so a request whose values went bad
+    is refused here, as the eager path's quantizer would have refused its rows."""
+    finite = torch.isfinite(logits).all(dim=-1).view(-1, width).cpu()
+    bad = [b for b, n in enumerate(q_lens) if not bool(finite[b, :n].all())]
+    if bad:
+        raise ValueError(f"request(s) {bad} of the decode step produced NaN or inf logits (a non-finite value "
+                         f"reached their cache rows); nothing of the step was committed")
+
+
 def _logit_rows_bucket(rows: int, limit: int) -> int:
     """Logit rows are padded to a power of two (at most the forward's rows): few head graphs."""
     return min(1 << max(rows - 1, 0).bit_length(), limit)
@@ -207,9 +219,7 @@ class GraphRunner:
             self._graphs = EmulatedGraphExecutor(self._counters)
         self._forwards = {kind.value: 0 for kind in GraphKind}
         self._decode_fns: dict[tuple, DecodeForward] = {}
-        # The release cache quantizer checks its codes on the host (not capturable): with it, FULL
-        # decode choices keep the segment path (eager attention between segment graphs).
-        self.whole_decode_graphs = self._graphs is not None and model.quant.mode == "none"
+        self.whole_decode_graphs = self._graphs is not None  # FULL choices as one whole-forward graph
         self._graph_forwards = self._eager_forwards = 0
         self._actual_rows = self._padded_rows = 0
 
@@ -370,6 +380,7 @@ class GraphRunner:
         try:
             inputs = step.prepare(self.device)
             outputs = self._graphs.call(key, fn, inputs)
+            _check_finite(outputs[0], [r.num_rows for r in rows], width)
         except Exception as exc:
             step.abandon()  # no row was advanced: every request is where it started
             raise StepFailed(None, exc, tuple(range(len(rows))), ()) from exc

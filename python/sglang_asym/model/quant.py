@@ -3,7 +3,7 @@ NVFP4 compressed KV, MXFP4 indexer queries and keys), applied right after RoPE a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -15,14 +15,19 @@ CACHE_QUANT_MODES = ("none", "release")
 @dataclass(frozen=True)
 class Quantizer:
     mode: str = "none"
+    checked: bool = True  # refuse non-finite rows (a host sync); False inside captured graphs
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_QUANT_MODES:
             raise ValueError(f"cache quant must be one of {CACHE_QUANT_MODES}, got {self.mode!r}")
 
+    def capture_safe(self) -> "Quantizer":
+        """The same quantization without the host-side refusals, for code inside a CUDA graph."""
+        return replace(self, checked=False)
+
     @property
     def _quant(self) -> CacheQuant:
-        return CacheQuant(mode=self.mode)
+        return CacheQuant(mode=self.mode, checked=self.checked)
 
     def swa_kv(self, x: torch.Tensor) -> torch.Tensor:
         return quantize_swa_kv(x, self._quant)

@@ -19,7 +19,7 @@ import msgpack
 from sglang_asym.transfer.errors import ProtocolError
 
 MAGIC = "sgla"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: completions carry CRC32C (field crc32c) instead of zlib CRC32
 
 _REGISTRY: dict[str, type] = {}
 

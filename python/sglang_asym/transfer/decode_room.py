@@ -58,9 +58,9 @@ def completion_problem(room: DecodeRoom, msg: TransferComplete) -> str | None:
 def crc_problem(msg: TransferComplete, crcs: dict[str, int]) -> str | None:
     """The first group whose destination CRC differs from P's, as a reason; None if all match."""
     for c in msg.checksums:
-        if crcs[c.group] != c.crc32:
-            return (f"checksum mismatch in group {c.group!r}: destination rows crc32={crcs[c.group]:#010x}, "
-                    f"prefill sent crc32={c.crc32:#010x}")
+        if crcs[c.group] != c.crc32c:
+            return (f"checksum mismatch in group {c.group!r}: destination rows crc32c={crcs[c.group]:#010x}, "
+                    f"prefill sent crc32c={c.crc32c:#010x}")
     return None
 
 

@@ -40,7 +40,7 @@ class CompletionVerifier:
             self._conclude(room, msg, problem)
             return
         if room.manifest.total_bytes <= INLINE_VERIFY_BYTES or len(groups) == 1:
-            crcs = {g.name: crc_runs(self._pools[g.name], room.runs(g.name)) for g in groups}
+            crcs = {g.name: crc_runs(self._pools[g.name], room.runs(g.name), release_gil=False) for g in groups}
             self._conclude(room, msg, crc_problem(msg, _with_empty(room, crcs)))
             return
         tally = _Tally(len(groups))

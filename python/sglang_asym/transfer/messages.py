@@ -4,7 +4,7 @@ Per request (bootstrap_room):
     D -> P  TransferRequest   compat, manifest, destination pools and slot runs, D's endpoints
     P -> D  TransferAccept    (or TransferReject with the reason; P then never writes)
             ... P writes rows with Mooncake, possibly chunk by chunk ...
-    P -> D  TransferComplete  per-group row counts + CRC32 of the rows in row order
+    P -> D  TransferComplete  per-group row counts + CRC32C of the rows in row order
     D -> P  TransferVerdict   ok after D re-checked its destination rows, else the reason
 Failures:
     P -> D  PrefillFailed     reason; writes_stopped says whether P is sure no write can still land
