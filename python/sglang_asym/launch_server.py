@@ -21,6 +21,7 @@ from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
 from .split import Semantics
 
 MODES = ("null", "asym-prefill", "asym-decode", "prefill", "decode")
+DEFAULT_WINDOW_CHUNK = 32  # window rows per request and decode-worker step unless --window-chunk-size says otherwise
 logger = logging.getLogger("sglang_asym.launch_server")
 
 
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-chunk-size", type=int, default=None,
                    help="decode worker: at most this many window rows per step and request, each chunk sized "
                         "to the token budget left beside the decode rows, so a step never exceeds "
-                        "--decode-token-budget (default: --asym-window); 0 runs every window whole in one step, "
+                        f"--decode-token-budget (default {DEFAULT_WINDOW_CHUNK}: a window step costs about as "
+                        "much as a decode step of that many rows, so running requests keep their pace while a new "
+                        "request's window runs over a few steps); 0 runs every window whole in one step, "
                         "admitting an aged queue head over the budget")
     p.add_argument("--schedule-mode", choices=["mixed", "separate"], default="mixed")
     p.add_argument("--admission-policy", choices=["budget", "admit_all"], default="budget")
@@ -111,10 +114,10 @@ def validate_draft_tokens(model_path: str, k: int) -> None:
 
 
 def window_chunk(args: argparse.Namespace) -> int | None:
-    """SchedulerConfig.window_chunk for --window-chunk-size: unset -> the window (budget-sized chunks of up
-    to a whole window), 0 -> None (whole windows), c -> c."""
+    """SchedulerConfig.window_chunk for --window-chunk-size: unset -> DEFAULT_WINDOW_CHUNK (at most the
+    window), 0 -> None (whole windows), c -> c; each chunk is also cut to the budget left."""
     if args.window_chunk_size is None:
-        return args.asym_window
+        return min(DEFAULT_WINDOW_CHUNK, args.asym_window)
     return args.window_chunk_size or None
 
 

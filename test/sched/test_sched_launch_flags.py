@@ -1,4 +1,5 @@
-"""The launch CLI's --window-chunk-size: budget-sized window chunks by default, 0 for whole windows, bad values refused."""
+"""The launch CLI's --window-chunk-size: 32-row window chunks by default (each cut to the budget left), 0 for whole
+windows, bad values refused."""
 
 from __future__ import annotations
 
@@ -15,9 +16,20 @@ def _sched(tmp_path, *flags):
     return launch_server.engine_options(args).scheduler
 
 
-def test_default_chunks_windows_to_the_budget_left(tmp_path):
+def test_default_runs_windows_in_32_row_chunks(tmp_path):
     sched = _sched(tmp_path)
-    assert sched.window_chunk == 128 and sched.chunk_rows == 128 and sched.token_budget == 130
+    assert launch_server.DEFAULT_WINDOW_CHUNK == 32
+    assert sched.window_chunk == 32 and sched.chunk_rows == 32 and sched.token_budget == 130
+    running = [RunningRequest(f"r{i}", q_len=1) for i in range(3)]
+    plan = plan_step(running, [WaitingRequest("w", window_rows=128, arrival_step=0)], 20, sched)
+    assert [d.reason for d in plan.decisions] == [AdmitReason.CHUNK]
+    assert plan.admitted[0].window_rows == 32 and plan.total_rows == 35
+    assert _sched(tmp_path, "--asym-window", "16").window_chunk == 16  # never more than the window
+
+
+def test_chunks_are_cut_to_the_budget_left(tmp_path):
+    sched = _sched(tmp_path, "--window-chunk-size", "128")
+    assert sched.window_chunk == 128 and sched.chunk_rows == 128
     running = [RunningRequest(f"r{i}", q_len=1) for i in range(3)]
     plan = plan_step(running, [WaitingRequest("w", window_rows=128, arrival_step=0)], 20, sched)
     assert [d.reason for d in plan.decisions] == [AdmitReason.CHUNK]
