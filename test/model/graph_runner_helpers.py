@@ -4,11 +4,13 @@ one by the runner) holding the same prefilled prompts, and step-by-step comparis
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from model.helpers import prompt
 from sglang_asym.cache import CacheSizing, RequestCache
+from sglang_asym.cache.request import swa_group
 from sglang_asym.model import V41Model
 from sglang_asym.model.graph_runner import GraphRunner, RowKind, StepOutput, StepRows
 
@@ -92,3 +94,18 @@ def assert_same_caches(got: RequestCache, want: RequestCache, tol: float = 0.0) 
         w_first, w_values, w_gates = b["journal"][o]
         assert first == w_first and values.shape == w_values.shape, o
         assert float((values - w_values).abs().max()) <= tol and float((gates - w_gates).abs().max()) <= tol, o
+
+
+def exhausted_window_pages(model: V41Model) -> tuple[Twins, Callable[[], None]]:
+    """Requests prefilled with 70 and 64 tokens (64-row pages) whose next rows need a window page that
+    layer 3's pool no longer has (all free pages held); the returned function gives them back."""
+    t = twins(model, [70, 64], sizing=CacheSizing(max_requests=3, max_tokens=1024, page_rows=64))
+    pool = t.run[1].set.pools[swa_group(3)]
+    blocker = object()
+    held = [pool.alloc(blocker) for _ in range(pool.free_pages)]
+
+    def give_back() -> None:
+        for page in held:
+            pool.free(page, blocker)
+
+    return t, give_back

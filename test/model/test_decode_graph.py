@@ -12,12 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.graph_runner_helpers import (Twins, assert_same_caches, cache_state, max_diff, same_argmax, step_both,
-                                        twins)
+from model.graph_runner_helpers import (Twins, assert_same_caches, cache_state, exhausted_window_pages, max_diff,
+                                        same_argmax, step_both, twins)
 from model.helpers import build, prompt
 from sglang_asym.asym import run_prefix_on_full_model, run_window
 from sglang_asym.cache import CacheSizing, OutOfPages
-from sglang_asym.cache.request import swa_group
 from sglang_asym.model.capture_guard import CaptureUnsafe, no_host_sync
 from sglang_asym.model.decode_graph import DecodeForward, DecodeShape, context_capacity, scatter_rows
 from sglang_asym.model.decode_plan import DecodeStep, flat_slots
@@ -145,11 +144,7 @@ def test_scatter_rows_keeps_masked_slots():
 
 
 def test_failed_reservation_rolls_back(model):
-    sizing = CacheSizing(max_requests=3, max_tokens=1024, page_rows=64)
-    t = twins(model, [70, 64], sizing=sizing)  # request 1's next row opens a new window page
-    pool = t.run[1].set.pools[swa_group(3)]
-    blocker = object()
-    held = [pool.alloc(blocker) for _ in range(pool.free_pages)]
+    t, give_back = exhausted_window_pages(model)  # request 1's next row opens a new window page
     runner = GraphRunner(model, SPEC, backend="emulated_graph")
     states = [cache_state(c) for c in t.run]
     free = t.run[0].set.free_pages()
@@ -163,8 +158,7 @@ def test_failed_reservation_rolls_back(model):
     for c, state in zip(t.run, states):
         assert cache_state(c)["pos"] == state["pos"]
         assert {n: g[:2] for n, g in cache_state(c)["groups"].items()} == {n: g[:2] for n, g in state["groups"].items()}
-    for page in held:
-        pool.free(page, blocker)
+    give_back()
     out = runner.run(rows)
     ref = [model(tok, c, logits="all") for c, tok in zip(t.ref, tokens)]
     assert max_diff(out.logits, ref) <= TOL and same_argmax(out.logits, ref)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.graph_runner_helpers import max_diff, same_argmax, step_both, twins
+from model.graph_runner_helpers import exhausted_window_pages, max_diff, same_argmax, step_both, twins
 from model.helpers import build, prompt
-from sglang_asym.cache import CacheSizing, OutOfPages
-from sglang_asym.cache.request import swa_group
+from sglang_asym.cache import OutOfPages
 from sglang_asym.model import InvalidInput, greedy_continue
 from sglang_asym.model.capture_guard import CaptureUnsafe, no_host_sync
 from sglang_asym.model.graph_runner import GraphRunner, RowKind, RowLayout, StepFailed, StepRows
@@ -332,11 +331,7 @@ def test_bad_input_is_rejected_before_any_cache_changes(model):
 def test_failed_step_rolls_every_request_back(model):
     """A request that runs out of cache pages mid-step fails the step; both requests are rolled back
     to where they started, and the same step then runs correctly once pages are free."""
-    sizing = CacheSizing(max_requests=3, max_tokens=1024, page_rows=64)
-    t = twins(model, [70, 64], sizing=sizing)  # request 1's next row opens a new window page
-    pool = t.run[1].set.pools[swa_group(3)]
-    blocker = object()
-    held = [pool.alloc(blocker) for _ in range(pool.free_pages)]
+    t, give_back = exhausted_window_pages(model)  # request 1's next row opens a new window page
     runner = GraphRunner(model, SPEC, moe="static")
     tokens = [prompt(model.cfg, q, seed=800 + i) for i, q in enumerate([3, 2])]
     rows = [StepRows(c, tok) for c, tok in zip(t.run, tokens)]
@@ -345,8 +340,7 @@ def test_failed_step_rolls_every_request_back(model):
     assert isinstance(failed.value.cause, OutOfPages)
     assert (failed.value.layer, failed.value.rolled_back, failed.value.unrecoverable) == (3, (0, 1), ())
     assert [c.pos for c in t.run] == [70, 64]
-    for page in held:
-        pool.free(page, blocker)
+    give_back()
     out = runner.run(rows)
     ref = [model(tok, c, logits="all") for c, tok in zip(t.ref, tokens)]
     assert max_diff(out.logits, ref) <= TOL and same_argmax(out.logits, ref)

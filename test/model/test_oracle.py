@@ -4,7 +4,6 @@ random tiny checkpoints exported there with the released tensor names, loaded he
 from __future__ import annotations
 
 import pytest
-import torch
 
 from model.oracle_model import oracle_run
 from sglang_asym.config import V41Config
