@@ -23,9 +23,6 @@ from sglang_asym.transfer.row_pool import RowPool
 from sglang_asym.transfer.runs import coalesce_slots
 
 
-_GIL_RELEASE_AUTO, _GIL_KEEP = -1, 0  # crc32c's gil_release_mode: release on large buffers / never
-
-
 @dataclass(frozen=True)
 class GroupChecksum:
     group: str
@@ -38,14 +35,11 @@ def crc_rows(pool: RowPool, slots: np.ndarray, crc: int = 0) -> int:
     return crc_runs(pool, coalesce_slots(slots), crc)
 
 
-def crc_runs(pool: RowPool, runs: np.ndarray, crc: int = 0, release_gil: bool = True) -> int:
-    """Continue `crc` over the rows of `runs` ((first slot, number of slots) pairs, in order).
-    `release_gil=False` keeps the GIL through a short sum on a thread that waits for it anyway:
-    each release on a large run lets another thread in, and taking it back costs more than
-    the run's sum."""
-    view, mode = pool.array, _GIL_RELEASE_AUTO if release_gil else _GIL_KEEP
+def crc_runs(pool: RowPool, runs: np.ndarray, crc: int = 0) -> int:
+    """Continue `crc` over the rows of `runs` ((first slot, number of slots) pairs, in order)."""
+    view = pool.array
     for start, length in runs.tolist():
-        crc = crc32c(view[start:start + length].data, crc, gil_release_mode=mode)
+        crc = crc32c(view[start:start + length].data, crc)
     return crc
 
 

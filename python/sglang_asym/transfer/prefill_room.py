@@ -154,16 +154,19 @@ def _all_destination_slots(manifest: PayloadManifest, destinations: tuple[GroupD
     if len(runs) and (int(starts.min()) < 0 or int(lengths.min()) <= 0):
         return None
     ends = np.cumsum(lengths)
-    run_bounds = np.cumsum([0] + [len(b) // 16 for b in blobs])
+    run_counts = [len(b) // 16 for b in blobs]
+    run_bounds = np.cumsum([0] + run_counts)
     rows_so_far = np.concatenate(([0], ends))[run_bounds]          # rows before each group's first run
-    rows = np.array([g.num_rows for g in groups], dtype=np.int64)
-    if not np.array_equal(np.diff(rows_so_far), rows):
+    if not np.array_equal(np.diff(rows_so_far), [g.num_rows for g in groups]):
         return None
-    slots = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(rows.sum()), dtype=np.int64)
-    capacity = np.repeat(np.array([d.capacity_slots for d in destinations], dtype=np.int64), rows)
-    if (slots >= capacity).any():
+    # Capacity per run (its last slot), not per row: runs are far fewer than rows. Written so that
+    # no sum can overflow int64 (runs come off the wire).
+    capacity = np.repeat(np.array([d.capacity_slots for d in destinations], dtype=np.int64), run_counts)
+    if ((starts >= capacity) | (lengths > capacity - starts)).any():
         return None
-    return dict(zip([g.name for g in groups], np.split(slots, rows_so_far[1:-1])))
+    slots = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(rows_so_far[-1]), dtype=np.int64)
+    bounds = rows_so_far.tolist()
+    return {g.name: slots[bounds[i]:bounds[i + 1]] for i, g in enumerate(groups)}
 
 
 def _per_row(manifest: PayloadManifest, values: list[int]) -> np.ndarray:
