@@ -118,3 +118,28 @@ def test_room_range(room) -> None:
     with pytest.raises(ValueError, match=r"bootstrap_room must be an int in \[0, 2\^63\)"):
         check_room(room)
     assert check_room(0) == 0 and check_room((1 << 63) - 1) == (1 << 63) - 1
+
+
+def test_remembered_values_come_back_as_themselves_for_their_exact_wire_form_only() -> None:
+    manifest = PayloadManifest((RowGroup("L20.kv", 288, 11), RowGroup("tails", 4096, 1)))
+    codec.remember(manifest)
+    request = dataclasses.replace(REQUEST, manifest=manifest)
+    assert codec.decode(codec.encode(request)).manifest is manifest
+    other = PayloadManifest((RowGroup("L20.kv", 288, 12), RowGroup("tails", 4096, 1)))
+    back = codec.decode(codec.encode(dataclasses.replace(REQUEST, manifest=other))).manifest
+    assert back == other and back is not other  # not remembered: decoded and validated field by field
+    wire = msgpack.unpackb(codec.encode(request))
+    wire[3]["manifest"]["groups"][0]["num_rows"] = 11.0  # equal in Python, not on the wire: still strict
+    with pytest.raises(ProtocolError, match=r"transfer_request.manifest.groups\[0\].num_rows: expected int, got float"):
+        codec.decode(msgpack.packb(wire))
+    with pytest.raises(TypeError, match="dict is not a frozen dataclass"):
+        codec.remember({"groups": []})
+
+
+def test_remembered_values_per_type_are_bounded() -> None:
+    manifests = [PayloadManifest((RowGroup("g", 4, n),)) for n in range(1, codec.MAX_KNOWN_PER_TYPE + 2)]
+    for m in manifests:
+        codec.remember(m)
+    decoded = [codec.decode(codec.encode(dataclasses.replace(REQUEST, manifest=m))).manifest for m in manifests]
+    assert decoded == manifests
+    assert decoded[0] is not manifests[0] and all(d is m for d, m in zip(decoded[1:], manifests[1:]))

@@ -3,13 +3,15 @@
 Wire form of one message: msgpack array `[MAGIC, version, type_tag, {field: value}]`.
 Nested frozen dataclasses become maps, tuples become arrays. Decoding rebuilds the exact
 dataclass types from their annotations and rejects anything else with a `ProtocolError`
-that names the message type and the field.
+that names the message type and the field. Values a worker holds and expects back (`remember`)
+decode by one lookup of their packed bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import types
 import typing
 from typing import Any, Callable
@@ -22,6 +24,9 @@ MAGIC = "sgla"
 PROTOCOL_VERSION = 2  # 2: completions carry CRC32C (field crc32c) instead of zlib CRC32
 
 _REGISTRY: dict[str, type] = {}
+MAX_KNOWN_PER_TYPE = 64
+_known: dict[type, dict[bytes, Any]] = {}   # per type: packed wire form -> the value (replaced whole, never mutated)
+_known_lock = threading.Lock()
 
 
 def message(tag: str):
@@ -60,6 +65,24 @@ def decode(data: bytes) -> Any:
     if cls is None:
         raise ProtocolError(f"unknown control message type {tag!r}")
     return _from_wire(cls, fields, tag)
+
+
+def remember(value: Any) -> None:
+    """Let decoding return `value` itself wherever a nested value of its type arrives with exactly
+    its wire form (compared as packed msgpack bytes, so True vs 1 or str vs bytes never match).
+    For values a worker already holds and expects back (its compat, a room's manifest): a
+    handshake then skips rebuilding and re-validating them, which is most of its decoding and
+    sits on the transfer's critical path. Up to MAX_KNOWN_PER_TYPE values per type, the newest."""
+    tp = type(value)
+    if not dataclasses.is_dataclass(tp) or not tp.__dataclass_params__.frozen:
+        raise TypeError(f"{tp.__name__} is not a frozen dataclass")
+    packed = msgpack.packb(_to_wire(value), use_bin_type=True)
+    with _known_lock:
+        table = {k: v for k, v in _known.get(tp, {}).items() if k != packed}
+        table[packed] = value
+        while len(table) > MAX_KNOWN_PER_TYPE:
+            del table[next(iter(table))]
+        _known[tp] = table  # readers see the old or the new table, never a half-built one
 
 
 def _to_wire(value: Any) -> Any:
@@ -157,6 +180,11 @@ def _dataclass_decoder(cls: type) -> Callable[[Any, str], Any]:
     def decode_dataclass(value: Any, path: str) -> Any:
         if type(value) is not dict:
             raise ProtocolError(f"{path}: expected a map for {cls.__name__}, got {type(value).__name__}")
+        known = _known.get(cls)
+        if known:
+            hit = known.get(msgpack.packb(value, use_bin_type=True))
+            if hit is not None:
+                return hit
         if value.keys() != name_set:
             missing = sorted(name_set - value.keys())
             extra = sorted(map(str, value.keys() - name_set))

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
 from sglang_asym.manifest import PayloadManifest
-from sglang_asym.transfer import bootstrap_client
+from sglang_asym.transfer import bootstrap_client, codec
 from sglang_asym.transfer.channel import Channel, PeerUnreachableError
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig, stall_threshold
@@ -52,6 +52,7 @@ class DecodeTransferManager:
             if name not in allocators or allocators[name].capacity != pool.num_slots:
                 raise ValueError(f"pool {name!r} needs an allocator over its {pool.num_slots} slots")
         self.slots = DecodeSlots(allocators)
+        codec.remember(compat)  # P's accepts carry its compat, normally equal to ours: one lookup
         for pool in self.pools.values():
             engine.register(pool.base_ptr, pool.nbytes)
         self._lock = threading.RLock()

@@ -13,7 +13,9 @@ failing for seconds or for good; P therefore checks D's slot ranges before writi
 `batch_transfer_sync_write` busy-spins the calling thread until the batch is done: on a small
 machine that core is taken from the transport threads that move the bytes (measured on 2
 cores: a 29 MB write took about 1.5x longer than the same entries submitted one by one and
-polled with short sleeps). `write` therefore submits each entry with `transfer_submit_write`
+polled with short sleeps; and routing only writes <= 4 MiB through it, on the prefill worker,
+made the benchmark's transfer phase slower too: N=2048 6.4 ms vs 4.0-4.6 ms, N=512 2.3-2.6 ms
+vs 1.7-2.5 ms). `write` therefore submits each entry with `transfer_submit_write`
 and polls `transfer_check_status`, which frees an entry's batch once it returns 1 or -1 (so
 a terminal entry is never polled again) and never frees one that returns -2 or is pending.
 `start_write` + `finish_write` split `write` in two, so one thread can set the bytes moving and

@@ -14,7 +14,7 @@ import time
 from typing import Mapping, Sequence
 
 from sglang_asym.manifest import PayloadManifest
-from sglang_asym.transfer import bootstrap_client
+from sglang_asym.transfer import bootstrap_client, codec
 from sglang_asym.transfer.channel import Channel
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig, stall_threshold
@@ -46,6 +46,7 @@ class PrefillTransferManager:
             if compat.row_format(name).row_bytes != pool.row_bytes:
                 raise ValueError(f"pool {name!r} has {pool.row_bytes} B rows, its row format says "
                                  f"{compat.row_format(name).row_bytes} B")
+        codec.remember(compat)  # D's handshakes carry it back: decoded by one lookup
         self._lock = threading.RLock()
         self._rooms: dict[int, PrefillRoom] = {}
         self._finished: dict[int, tuple[str, float]] = {}          # room -> (outcome, when)
@@ -81,6 +82,7 @@ class PrefillTransferManager:
         room = PrefillRoom(bootstrap_room, manifest, slots, created_at=now)
         room.source_rows = SourceRows.build(manifest, slots, self.pools)  # off the transfer's critical path
         room.checksums = self._writer.checksums_for(room)
+        codec.remember(manifest)  # so is the manifest: off the handshake's critical path from here
         with self._lock:
             if bootstrap_room in self._rooms:
                 raise DuplicateRoomError(f"bootstrap_room={bootstrap_room} is already active on this prefill worker")
