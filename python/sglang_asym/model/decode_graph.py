@@ -1,9 +1,10 @@
 """The whole decode forward (attention included) as one static-shape, CUDA-graph capturable function.
 
 Embedding, every layer's attention and MoE, and the head: one CUDA graph per batch bucket, verify
-width and context capacity.
+width and context capacity. The same function runs a window step (W = 128 rows per slot, the request's
+final prompt rows on top of its prefix).
 
-A step of B request slots x W rows (W = 1 + k; N = B * W rows, request b in rows [b*W, b*W + W))
+A step of B request slots x W rows (W = 1 + k for decode; N = B * W rows, request b in rows [b*W, b*W + W))
 reads its caches only through static index tensors the host filled before the replay
 (`decode_plan.DecodeStep`): flat slot ids into each pool's storage viewed as [pages * page_rows, ...].
 Per layer:

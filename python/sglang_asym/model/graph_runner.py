@@ -16,7 +16,9 @@ so CPU tests check the graph path) a FULL choice runs as ONE whole-forward graph
 1 + k, context capacity) (`decode_graph`): before the replay the host reserves the cache rows the
 step writes and fills static page tables, slots, positions and masks (`decode_plan`); attention is
 static-shape tensor work inside the graph; afterwards the host commits row ends, window drops,
-compressor tails and positions. ROW_BUCKET and BREAKABLE choices replay one graph per (segment,
+compressor tails and positions. A ROW_BUCKET window choice whose padded rows hold one 128-row slot
+per request (always a single window, from a transferred prefix or not) runs as the same kind of
+whole-forward graph at (slots, 128, context). Other ROW_BUCKET and BREAKABLE choices replay one graph per (segment,
 padded rows) (mHC mixing, norms, MoE, head: `model.segments`) with each request's attention run
 eagerly on its own paged cache between them (its caches grow and free pages on the host); EAGER
 choices call the same segment functions directly. Inside the decode graph the cache quantizer runs
@@ -303,8 +305,9 @@ class GraphRunner:
         else:
             self._check_choice(choice, rows)
         self.program.check_weights()
-        if choice.kind is GraphKind.FULL and self.whole_decode_graphs:
-            return self._run_decode_graph(rows, choice, tuple(capture_layers))
+        slots = self._whole_graph_slots(choice, rows)
+        if slots is not None:
+            return self._run_decode_graph(rows, choice, slots, tuple(capture_layers))
         lengths = [r.num_rows for r in rows]
         # Padding only serves graph replay: the eager backend runs the chosen shape unpadded.
         padded = choice.kind is not GraphKind.EAGER and self.backend is not Backend.EAGER
@@ -365,13 +368,33 @@ class GraphRunner:
             fn = self._decode_fns[key] = DecodeForward(self.program, cache_set, shape, capture)
         return key, fn
 
-    def _run_decode_graph(self, rows: list[StepRows], choice: GraphChoice, capture: tuple[int, ...]) -> StepOutput:
-        """A FULL decode choice as one whole-forward graph replay (see `decode_graph`)."""
+    def _whole_graph_slots(self, choice: GraphChoice, rows: Sequence[StepRows]) -> tuple[int, int] | None:
+        """(slots, rows per slot) when this forward runs as one whole-forward graph, else None.
+        FULL decode: its (batch bucket, 1 + k). ROW_BUCKET window: one 128-row slot per request when
+        the bucket's padded rows hold a slot for each (always for a single window); windows sharing a
+        bucket, mixed and eager forwards keep the segment path."""
+        if not self.whole_decode_graphs:
+            return None
+        if choice.kind is GraphKind.FULL:
+            return choice.padded_shape
+        if choice.kind is GraphKind.ROW_BUCKET:
+            width = self.config.graphs.window_row_bucket
+            slots = choice.padded_rows // width
+            if len(rows) <= slots and all(r.num_rows <= width for r in rows):
+                return slots, width
+        return None
+
+    def _run_decode_graph(self, rows: list[StepRows], choice: GraphChoice, slots: tuple[int, int],
+                          capture: tuple[int, ...]) -> StepOutput:
+        """A FULL decode choice, or a window-only one with a slot per request, as one whole-forward graph
+        replay (see `decode_graph`): request b in rows [b * width, b * width + its rows)."""
         cache_set = rows[0].cache.set
         if any(r.cache.set is not cache_set for r in rows):
-            raise ValueError("a full-graph decode step needs every request's cache in one cache set")
-        batch, width = choice.padded_shape
-        RowLayout.for_choice(choice, [r.num_rows for r in rows])  # checks the rows fit the shape
+            raise ValueError("a whole-graph step needs every request's cache in one cache set")
+        batch, width = slots
+        if len(rows) > batch or max(r.num_rows for r in rows) > width:
+            raise ValueError(f"{len(rows)} requests of up to {max(r.num_rows for r in rows)} rows do not fit the "
+                             f"whole-graph shape {slots}")
         capture = tuple(sorted(set(capture) & {b.info.index for b in self.program.blocks}))
         context = context_capacity(max(context_rows(self.program, r.cache.pos + r.num_rows) for r in rows))
         shape = DecodeShape(batch, width, context)
@@ -460,11 +483,13 @@ class GraphRunner:
                 capture_layers: Sequence[int] = ()) -> None:
         """Run (and on CUDA capture) the segments of `choice`'s shape with no request: pad tokens, zero
         attention outputs, `logit_rows` logit rows. Caches are not touched; counters count it.
-        With `cache_set`, a FULL choice on a graph backend instead captures the whole-forward decode
-        graph over that cache set's pools for requests holding up to `context` compressed rows (every
-        row is padding: no stored row changes); `logit_rows` is then unused (it computes every row's)."""
-        if choice.kind is GraphKind.FULL and self.whole_decode_graphs and cache_set is not None:
-            batch, width = choice.padded_shape
+        With `cache_set`, a FULL (or ROW_BUCKET) choice on a graph backend instead captures the
+        whole-forward graph over that cache set's pools for requests holding up to `context` compressed
+        rows (every row is padding: no stored row changes); `logit_rows` is then unused (it computes
+        every row's)."""
+        slots = self._whole_graph_slots(choice, []) if cache_set is not None else None
+        if slots is not None:
+            batch, width = slots
             shape = DecodeShape(batch, width, context_capacity(context))
             capture = tuple(sorted(set(capture_layers) & {b.info.index for b in self.program.blocks}))
             key, fn = self._decode_forward(cache_set, shape, capture)
