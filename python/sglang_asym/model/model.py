@@ -155,7 +155,7 @@ class V41Model(nn.Module):
         seen: set[int] = set()
         for i, item in enumerate(inputs):  # every input is checked before any cache changes
             try:
-                self._check_input(item)
+                self.check_input(item)
                 if id(item.cache) in seen:
                     raise ValueError("one request cache appears twice in a batch")
             except Exception as exc:
@@ -207,7 +207,9 @@ class V41Model(nn.Module):
                                                       for layer in item.capture}))
         return outputs
 
-    def _check_input(self, item: SegmentInput) -> None:
+    def check_input(self, item: SegmentInput) -> None:
+        """Raise if this input cannot run (released or foreign cache, bad tokens, inconsistent cache);
+        touches nothing, so a caller can refuse one request before a batched forward."""
         cache = item.cache
         if cache.released:
             raise RuntimeError("cache was released")

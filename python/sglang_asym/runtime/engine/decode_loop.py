@@ -404,7 +404,7 @@ class DecodeLoop:
         """Why the model refuses this input before running it (bad tokens, a released or inconsistent
         cache), or None. Checked per request so that one bad input never costs the others a forward."""
         try:
-            self.model._check_input(item.input)  # noqa: SLF001 - the model's own pre-forward check
+            self.model.check_input(item.input)
         except Exception as exc:
             return exc
         return None
