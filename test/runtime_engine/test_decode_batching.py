@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model.helpers import build, prompt
+from runtime_engine.loop_helpers import run_until_done
 from sglang_asym.cache import CacheSizing
 from sglang_asym.model.model import InvalidInput, InvalidSegment, SegmentInput
 
@@ -191,12 +192,7 @@ def _loop_tokens(model, prompts, sched, joins=()):
         split = SplitPlan(model.cfg, p.numel(), 128, "exact")
         loop.submit_running(ActiveRequest(rid, p, split, None, params, emitter(rid),
                                           generator=torch.Generator().manual_seed(0)), first, install)
-    loop.start()
-    try:
-        assert done.wait(120)
-    finally:
-        loop.stop()
-    cache_set.check_no_leak()
+    run_until_done(loop, done, cache_set)
     return tokens, finals, steps
 
 

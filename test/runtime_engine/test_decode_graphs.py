@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from model.helpers import build, prompt
+from runtime_engine.loop_helpers import run_until_done
 from sglang_asym.asym import run_prefix_on_full_model
 from sglang_asym.cache import CacheSizing
 from sglang_asym.model.steps import greedy_continue
@@ -70,12 +71,7 @@ def _serve(model, mode: str, backend: str):
         split = SplitPlan(model.cfg, n, 128, "asym-exact-encoder")
         prefix = run_prefix_on_full_model(model, model.new_cache_set(SIZING), p, split)
         loop.submit(ActiveRequest(f"q{n}", p, split, prefix, params, emitter(f"q{n}")))
-    loop.start()
-    try:
-        assert done.wait(120)
-    finally:
-        loop.stop()
-    cache_set.check_no_leak()
+    run_until_done(loop, done, cache_set)
     return tokens, errors, steps, loop.graph_stats
 
 
