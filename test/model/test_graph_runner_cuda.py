@@ -227,3 +227,17 @@ def test_window_step_replays_one_whole_graph(model):
         on_eager.release()
     stats = graph.stats()
     assert (stats.graph_forwards, stats.eager_segment_calls, stats.forwards["row_bucket"]) == (3, 0, 3)
+
+
+def test_warm_up_captures_before_the_first_step(model):
+    """warm_up captures decode buckets 1 and 2 (max_running 2, width 4) and the single-window shape at
+    every context capacity the cache set reaches (max_tokens 512: 64 .. 512); a step then only replays."""
+    sizing = CacheSizing(max_requests=3, max_tokens=512)
+    t = twins(model, [40, 90], sizing=sizing)
+    graph, eager = GraphRunner(model, SPEC), GraphRunner(model, SPEC, backend="eager", moe="static")
+    assert graph.warm_up(t.run[0].set, max_running=2) == 3 * 4
+    tokens = [prompt(model.cfg, 4, seed=1900 + i) for i in range(2)]
+    got, want = graph_and_eager_step(t, graph, eager, tokens, [D, D])
+    assert max_diff(got.logits, want.logits) <= 1e-5
+    assert graph.stats().graph_captures == 12
+    t.release()

@@ -119,3 +119,37 @@ def test_graph_backend_option_is_checked(model):
         DecodeLoop(model, model.new_cache_set(SIZING), SchedulerConfig(num_draft_tokens=0), eos_token_id=-1,
                    graph_backend="graphs")
 
+
+
+def test_warm_up_captures_the_served_shapes_before_any_request(models):
+    """With warm-up, start() captures each decode bucket up to max_running's (here 1 and 2, width 1) and
+    the single-window shape, at every context capacity a request of the cache set can reach (max_tokens
+    512 -> 64, 128, 256, 512): 12 graphs. Serving one request (a window step, then decode steps) then
+    only replays them, and its tokens equal the reference."""
+    model = models["none"]
+    sched = SchedulerConfig(token_budget=64, max_window_rows_per_step=128, max_running=2, num_draft_tokens=0,
+                            window=128)
+    cache_set = model.new_cache_set(SIZING)
+    events, done = [], threading.Event()
+
+    def emit(event):
+        events.append(event)
+        if event.finished:
+            done.set()
+
+    loop = DecodeLoop(model, cache_set, sched, eos_token_id=-1, graph_backend="emulated_graph", warm_up_graphs=True)
+    assert loop.warm_up_graphs and not DecodeLoop(model, cache_set, sched, eos_token_id=-1,
+                                                  graph_backend="emulated_graph").warm_up_graphs
+    n = 30
+    p = prompt(model.cfg, n, seed=n)
+    split = SplitPlan(model.cfg, n, 128, "asym-exact-encoder")
+    prefix = run_prefix_on_full_model(model, model.new_cache_set(SIZING), p, split)
+    loop.submit(ActiveRequest("w", p, split, prefix,
+                              SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True), emit))
+    run_until_done(loop, done, cache_set)
+    stats = loop.graph_stats
+    assert stats.graph_captures == stats.captured_shapes == 12
+    assert stats.forwards["row_bucket"] == 1 and stats.forwards["full"] == NEW_TOKENS - 1
+    assert stats.graph_replays == 12 + NEW_TOKENS  # the first replay of each capture, then one per step
+    assert [t for e in events for t in e.new_token_ids] == _reference(model)["q30"]
+    assert events[-1].error is None

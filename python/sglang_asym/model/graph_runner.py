@@ -48,6 +48,7 @@ from ..sched import (
     choose_mixed_graph,
     choose_window_graph,
 )
+from ..sched.graphs import smallest_bucket_at_least
 from .attention import ChunkState, RowBatch, Segment
 from .decode_graph import DecodeForward, DecodeShape, context_capacity
 from .decode_plan import PAD_TOKEN, DecodeRequest, DecodeStep, context_rows
@@ -503,6 +504,29 @@ class GraphRunner:
             picks = torch.zeros(bucket, dtype=torch.long, device=self.device)
         tokens = torch.full((rows,), PAD_TOKEN, dtype=torch.long, device=self.device)
         self._chain(executor, rows, picks, tokens, lambda i, x, out: None, lambda i, s: None)
+
+    @torch.no_grad()
+    def warm_up(self, cache_set: CacheSet, max_running: int, capture_layers: Sequence[int] = ()) -> int:
+        """Capture before serving the whole-forward graphs steps replay, as SGLang captures its decode
+        graphs at start: every decode batch bucket up to the one holding `max_running` requests at the
+        verify width, and the single-window shape (1 slot x 128 rows), each at every context capacity
+        the cache set's requests can reach (64, 128, ... up to its max_tokens). Segment graphs (several
+        windows in one bucket, mixed steps) are still captured on first use. Returns how many graphs
+        were captured; none without the whole-graph path. No stored row changes."""
+        if not self.whole_decode_graphs:
+            return 0
+        graphs = self.config.graphs
+        top = smallest_bucket_at_least(max_running, graphs.decode_batch_sizes) or graphs.decode_batch_sizes[-1]
+        choices = [GraphChoice(ForwardKind.DECODE, GraphKind.FULL, 1, 1, (b, self.config.verify_width))
+                   for b in graphs.decode_batch_sizes if b <= top]
+        choices.append(GraphChoice(ForwardKind.WINDOW, GraphKind.ROW_BUCKET, 1, 1, (graphs.window_row_bucket,)))
+        most = context_capacity(context_rows(self.program, cache_set.sizing.max_tokens))
+        contexts = [c for c in (context_capacity(0) << i for i in range(32)) if c <= most]
+        before = self._counters.graph_captures
+        for choice in choices:
+            for context in contexts:
+                self.prepare(choice, 0, cache_set=cache_set, context=context, capture_layers=capture_layers)
+        return self._counters.graph_captures - before
 
     def stats(self) -> RunnerStats:
         c = self._counters

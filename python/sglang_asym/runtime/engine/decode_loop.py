@@ -29,7 +29,7 @@ import torch
 from ...asym import PrefixState, install_prefix
 from ...cache import CacheSet, OutOfPages, RequestCache
 from ...model import V41Model
-from ...model.graph_runner import GraphRunner, RowKind, RunnerStats, StepFailed, StepRows
+from ...model.graph_runner import Backend, GraphRunner, RowKind, RunnerStats, StepFailed, StepRows
 from ...model.model import SegmentInput, SegmentOutput
 from ...sched import ForwardKind, GraphChoice, Scheduler, SchedulerConfig, StepMode, choose_graphs
 from ...speculative import (AcceptanceStats, Drafter, Sampling, SpecRequest, accept, check_draft_len, commit,
@@ -120,12 +120,13 @@ class DecodeLoop:
     def __init__(self, model: V41Model, cache_set: CacheSet, sched_config: SchedulerConfig,
                  eos_token_id: int, on_step: Callable[[StepRecord], None] | None = None,
                  window_chunk: int | None = None, drafter: Drafter | None = None,
-                 graph_backend: str = "auto") -> None:
+                 graph_backend: str = "auto", warm_up_graphs: bool | None = None) -> None:
         """`window_chunk` (if given) overrides sched_config.window_chunk: a window runs over several steps,
         at most that many rows per step. With sched_config.num_draft_tokens k > 0 a drafter is required
         and requests decode speculatively with up to k drafts per step. `graph_backend` is the model
         runner's backend: 'auto' (CUDA graphs on a CUDA model, else eager), 'eager', 'cuda_graph',
-        'emulated_graph'."""
+        'emulated_graph'. `warm_up_graphs` captures the whole-forward graphs in `start()`, before any
+        request (default: with CUDA graphs only; the emulated ones are a CPU check)."""
         if window_chunk is not None:
             sched_config = replace(sched_config, window_chunk=window_chunk)
         self.num_draft_tokens = sched_config.num_draft_tokens
@@ -140,6 +141,7 @@ class DecodeLoop:
         self.scheduler = Scheduler(sched_config)
         self.sched_config = sched_config
         self.runner = GraphRunner(model, sched_config, backend=graph_backend)
+        self.warm_up_graphs = (self.runner.backend is Backend.CUDA_GRAPH) if warm_up_graphs is None else warm_up_graphs
         self._graph_stats = self.runner.stats()
         self.window_chunk = sched_config.chunk_rows
         self.on_step = on_step
@@ -153,6 +155,13 @@ class DecodeLoop:
 
     # ---- control (any thread) -------------------------------------------------------------
     def start(self) -> None:
+        if self.warm_up_graphs:
+            t0 = time.perf_counter()
+            captured = self.runner.warm_up(self.cache_set, self.sched_config.max_running, self._features)
+            with self._stats_lock:
+                self._graph_stats = self.runner.stats()
+            logger.info("captured %d whole-forward graphs in %.1f s before serving", captured,
+                        time.perf_counter() - t0)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
