@@ -23,7 +23,10 @@ REQUEST = TransferRequest(
     compat=COMPAT, manifest=MANIFEST,
     destinations=(GroupDestination.for_slots("L20.kv", (1 << 64) - 4096, 8192, 288, np.array([7, 8, 9, 100, 101])),
                   GroupDestination.for_slots("tails", 4096, 64, 4096, np.array([], dtype=np.int64))))
-ALL = [REQUEST, TransferAccept(1, "tcp://127.0.0.1:1", COMPAT), TransferReject(2, "no"),
+LANDING_REQUEST = TransferRequest(
+    room=7, decode_endpoint="tcp://127.0.0.1:5000", decode_session="127.0.0.1:16000", compat=COMPAT,
+    manifest=MANIFEST, destinations=(), landing=(1 << 64) - 4096)
+ALL = [REQUEST, LANDING_REQUEST, TransferAccept(1, "tcp://127.0.0.1:1", COMPAT), TransferReject(2, "no"),
        TransferComplete(3, (GroupChecksum("L20.kv", 5, 0xFFFFFFFF), GroupChecksum("tails", 0, 0))),
        TransferVerdict(4, True, ""), PrefillFailed(5, "x", writes_stopped=False),
        DecodeAbort(6, "cancelled", "tcp://127.0.0.1:2"), Ping("tcp://127.0.0.1:2"), Pong("tcp://127.0.0.1:1")]
@@ -32,7 +35,7 @@ ALL = [REQUEST, TransferAccept(1, "tcp://127.0.0.1:1", COMPAT), TransferReject(2
 @pytest.mark.parametrize("msg", ALL, ids=lambda m: type(m).__name__)
 def test_round_trip_is_exact(msg) -> None:
     data = codec.encode(msg)
-    assert msgpack.unpackb(data)[:3] == ["sgla", 2, type(msg).TAG]
+    assert msgpack.unpackb(data)[:3] == ["sgla", 3, type(msg).TAG]
     back = codec.decode(data)
     assert back == msg and type(back) is type(msg)
 
@@ -47,7 +50,7 @@ def envelope(version=codec.PROTOCOL_VERSION, tag="transfer_verdict", fields=None
 
 
 @pytest.mark.parametrize("data, message", [
-    (envelope(version=1), "unsupported control protocol version 1 (this side speaks 2)"),
+    (envelope(version=1), "unsupported control protocol version 1 (this side speaks 3)"),
     (envelope(tag="transfer_teleport"), "unknown control message type 'transfer_teleport'"),
     (b"\xc1", "control message is not valid msgpack"),
     (msgpack.packb(["zmq", 1, "ping", {}]), "lacks the sglang-asym envelope"),

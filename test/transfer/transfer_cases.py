@@ -56,17 +56,18 @@ def free_port() -> int:
 
 
 class AgentPair:
-    def __init__(self) -> None:
-        self._rooms = itertools.count(1 << 40)
+    def __init__(self, config: TransferConfig = CONFIG, first_room: int = 1 << 40) -> None:
+        self.config = config
+        self._rooms = itertools.count(first_room)
         self.P = self._prefill()
         self.D = self._decode()
         self.P.info, self.D.info  # noqa: B018 - wait for both, started in parallel
 
     def _prefill(self) -> AgentProcess:
-        return AgentProcess(PREFILL, env=AGENT_ENV, config=CONFIG, compat=COMPAT, capacities=CAPACITIES)
+        return AgentProcess(PREFILL, env=AGENT_ENV, config=self.config, compat=COMPAT, capacities=CAPACITIES)
 
     def _decode(self) -> AgentProcess:
-        return AgentProcess(DECODE, env=AGENT_ENV, config=CONFIG, compat=COMPAT, capacities=CAPACITIES,
+        return AgentProcess(DECODE, env=AGENT_ENV, config=self.config, compat=COMPAT, capacities=CAPACITIES,
                             extra={"same": (COMPAT, SMALL_CAPACITIES), "other": (OTHER_COMPAT, SMALL_CAPACITIES)})
 
     @property
@@ -89,7 +90,8 @@ class AgentPair:
     def assert_clean(self, timeout_s: float = 2.0) -> None:
         """No active room on either side; every slot of every pool free; nothing leaked."""
         assert self.P.call("wait_idle", timeout_s=timeout_s) == 0
-        assert self.P.call("stats")["free"] == CAPACITIES
+        stats = self.P.call("stats")
+        assert stats["free"] == CAPACITIES and stats["staging_free"] in (None, True)
         state = self.D.call("wait_slots_free", timeout_s=timeout_s)
         assert state["all_free"], state["reports"]
         assert self.D.call("active_rooms") == 0

@@ -10,7 +10,8 @@ Modules (one job each):
     engine, regions Mooncake wrapper (return codes -> exceptions), registered-memory checks
     row_pool, runs  pools of fixed-size rows; slot-run coalescing
     slot_pool, quarantine, decode_slots   destination slot ownership on D
-    checksum        per-group CRC32 over rows in row order (P folds rows in as send_rows hands them over)
+    extents, staging  staged transfers: P's staging and D's landing extents (a room in a few entries)
+    checksum        per-group CRC32C over rows in row order (P folds rows in as send_rows hands them over)
     prefill_manager, prefill_room, prefill_writer, sender      P side (PrefillTransferManager, Sender)
     decode_manager, decode_room, decode_slots, decode_verifier, receiver   D side (DecodeTransferManager,
                     Receiver; the verifier re-reads every destination row after P's completion)

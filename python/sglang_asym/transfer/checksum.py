@@ -17,10 +17,15 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from crc32c import crc32c
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from sglang_asym.transfer.row_pool import RowPool
 from sglang_asym.transfer.runs import coalesce_slots
+
+if TYPE_CHECKING:
+    from sglang_asym.transfer.staging import StagingExtent
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,12 @@ def checksum_rows(pool: RowPool, group: str, slots: np.ndarray) -> GroupChecksum
 
 class RunningChecksums:
     """Running CRC32C per group of one request over rows handed over in order (`add`), computed
-    on `executor`: the ranges of one group are folded one after another, groups in parallel."""
+    on `executor`: the ranges of one group are folded one after another, groups in parallel.
+    A staged room's rows are read from its staging extent (the same bytes, contiguous)."""
 
-    def __init__(self, executor: Executor, pools: dict[str, RowPool], slots: dict[str, np.ndarray]):
-        self._executor, self._pools, self._slots = executor, pools, slots
+    def __init__(self, executor: Executor, pools: dict[str, RowPool], slots: dict[str, np.ndarray],
+                 staging: "StagingExtent | None" = None):
+        self._executor, self._pools, self._slots, self._staging = executor, pools, slots, staging
         self._cond = threading.Condition()
         self._queued: dict[str, deque[tuple[int, int]]] = {g: deque() for g in slots}
         self._busy: set[str] = set()           # groups with a drain task queued or running
@@ -82,7 +89,10 @@ class RunningChecksums:
                                              f"{self._rows[group]}")
                     continue
             try:
-                crc = crc_rows(self._pools[group], self._slots[group][start:end], crc)
+                if self._staging is None:
+                    crc = crc_rows(self._pools[group], self._slots[group][start:end], crc)
+                else:
+                    crc = crc32c(self._staging.rows(group, self._pools[group].row_bytes, start, end), crc)
             except BaseException as exc:  # reported by result(); the room then fails
                 with self._cond:
                     self._error = exc

@@ -21,7 +21,7 @@ import msgpack
 from sglang_asym.transfer.errors import ProtocolError
 
 MAGIC = "sgla"
-PROTOCOL_VERSION = 2  # 2: completions carry CRC32C (field crc32c) instead of zlib CRC32
+PROTOCOL_VERSION = 3  # 2: completions carry CRC32C (field crc32c) instead of zlib CRC32; 3: handshakes may offer a landing extent
 
 _REGISTRY: dict[str, type] = {}
 MAX_KNOWN_PER_TYPE = 64

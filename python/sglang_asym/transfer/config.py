@@ -23,6 +23,12 @@ class TransferConfig:
     tick_s: float = 0.02                 # service loop period (deadlines, heartbeats)
     checksum_threads: int = 4            # CRC threads (zlib releases the GIL): P's sums as rows come, D's by group
     finished_room_memory_s: float = 600.0  # how long late messages for a finished room are recognised
+    # Staged transfers (landing.py): D lands each room in one contiguous extent of a registered zone of
+    # landing_bytes, P gathers the rows it writes into a registered staging buffer of staging_bytes, so a
+    # room goes out in a few large entries instead of one per slot run. 0 turns either side off (rooms
+    # that do not fit go direct: D's pool rows, one entry per run). The servers turn both on (TCP).
+    landing_bytes: int = 0
+    staging_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("bootstrap_timeout_s", "waiting_timeout_s", "heartbeat_interval_s", "peer_timeout_s",
@@ -31,6 +37,9 @@ class TransferConfig:
                 raise ValueError(f"TransferConfig.{name} must be positive, got {getattr(self, name)}")
         if self.checksum_threads < 1:
             raise ValueError(f"TransferConfig.checksum_threads must be >= 1, got {self.checksum_threads}")
+        for name in ("landing_bytes", "staging_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"TransferConfig.{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.quarantine_grace_s < 0:
             raise ValueError(f"TransferConfig.quarantine_grace_s must be >= 0, got {self.quarantine_grace_s}")
         if self.peer_timeout_s <= self.heartbeat_interval_s:

@@ -4,7 +4,9 @@ The manager owns the destination pools (registered once) and their slot allocato
 request it allocates slots, finds P through the bootstrap server (once per P: afterwards the
 handshake leaves from create_receiver itself), sends the handshake with the slot runs, and
 after P's TransferComplete re-computes the CRC of its destination rows before it reports
-Success. Rows of a failed room that P might still write are quarantined.
+Success. Rows of a failed room that P might still write are quarantined. With a landing buffer
+(config.landing_bytes) a room that fits gets one landing extent instead of pool slots
+(extents.py says why); the receiver then reads its rows there.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
+import numpy as np
+
 from sglang_asym.manifest import PayloadManifest
 from sglang_asym.transfer import bootstrap_client, codec
 from sglang_asym.transfer.channel import Channel, PeerUnreachableError
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig, stall_threshold
-from sglang_asym.transfer.decode_room import DecodeRoom, destinations
+from sglang_asym.transfer.decode_room import DecodeRoom, destinations, landed_rows
 from sglang_asym.transfer.decode_slots import DecodeSlots
 from sglang_asym.transfer.decode_verifier import CompletionVerifier
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import DuplicateRoomError
+from sglang_asym.transfer.extents import LANDING_POOL, ExtentBuffer
 from sglang_asym.transfer.loops import ServiceLoop, TaskWorker
 from sglang_asym.transfer.messages import (DecodeAbort, Ping, Pong, PrefillFailed, TransferAccept,
                                            TransferComplete, TransferReject, TransferRequest,
@@ -51,9 +56,15 @@ class DecodeTransferManager:
         for name, pool in self.pools.items():
             if name not in allocators or allocators[name].capacity != pool.num_slots:
                 raise ValueError(f"pool {name!r} needs an allocator over its {pool.num_slots} slots")
+        self.landing = ExtentBuffer(LANDING_POOL, config.landing_bytes) if config.landing_bytes else None
+        if self.landing is not None:
+            if LANDING_POOL in self.pools:
+                raise ValueError(f"pool name {LANDING_POOL!r} is reserved for the landing buffer")
+            allocators[LANDING_POOL] = self.landing.allocator
         self.slots = DecodeSlots(allocators)
         codec.remember(compat)  # P's accepts carry its compat, normally equal to ours: one lookup
-        for pool in self.pools.values():
+        self._registered = list(self.pools.values()) + ([self.landing.pool] if self.landing else [])
+        for pool in self._registered:
             engine.register(pool.base_ptr, pool.nbytes)
         self._lock = threading.RLock()
         self._rooms: dict[int, DecodeRoom] = {}
@@ -64,7 +75,7 @@ class DecodeTransferManager:
         self.channel = Channel(config.host)
         self._worker = TaskWorker("decode-transfer-worker")
         self._checksums = ThreadPoolExecutor(config.checksum_threads, thread_name_prefix="decode-crc")
-        self._verifier = CompletionVerifier(self.pools, self._checksums, self._conclude)
+        self._verifier = CompletionVerifier(self.pools, self._checksums, self._conclude, self.landing)
         self._loop = ServiceLoop("decode-transfer-service", self.channel, self._on_message, self._on_tick,
                                  config.tick_s)
 
@@ -76,8 +87,10 @@ class DecodeTransferManager:
         with self._lock:
             if bootstrap_room in self._rooms or bootstrap_room in self.slots.quarantine:
                 raise DuplicateRoomError(f"bootstrap_room={bootstrap_room} is already active on this decode worker")
+            landing = self.landing.reserve(manifest.total_bytes) if self.landing is not None else None
             room = DecodeRoom(bootstrap_room, f"{bootstrap_host}:{bootstrap_port}", manifest,
-                              self.slots.allocate(manifest), created_at=time.monotonic())
+                              self.slots.allocate(manifest) if landing is None else {},
+                              created_at=time.monotonic(), landing=landing)
             self._rooms[bootstrap_room] = room
             endpoint = self._endpoints.get(room.bootstrap_addr)
             if endpoint is not None:  # a prefill we already know: no lookup, no hop through the worker
@@ -92,6 +105,16 @@ class DecodeTransferManager:
 
     def release(self, room: DecodeRoom) -> None:
         self.slots.take_back(room.room)
+
+    def rows(self, room: DecodeRoom, group: str) -> np.ndarray:
+        """A Success room's rows of one group, (num_rows, row_bytes): a view of its landing extent
+        (valid until release()) or a copy out of its pool slots."""
+        if room.state != KVPoll.Success:
+            raise RuntimeError(f"bootstrap_room={room.room} has no rows: its transfer is {room.state.name}")
+        if room.landing is not None:
+            assert self.landing is not None
+            return landed_rows(room, self.landing, group)
+        return self.pools[group].array[room.dest_slots[group]]
 
     # ---- worker tasks -----------------------------------------------------------------
     def _resolve(self, addr: str) -> str:
@@ -124,8 +147,9 @@ class DecodeTransferManager:
     def _send_handshake(self, room: DecodeRoom, endpoint: str) -> None:
         """Caller holds the lock."""
         logger.debug("bootstrap_room=%d: connecting to prefill at %s", room.room, endpoint)
+        landing = self.landing.address(room.landing) if room.landing is not None else None
         req = TransferRequest(room.room, self.channel.endpoint, self.engine.session_id, self.compat,
-                              room.manifest, destinations(room, self.pools))
+                              room.manifest, destinations(room, self.pools), landing)
         room.peer, room.handshake_sent = endpoint, True
         try:
             self.channel.send(endpoint, req)
@@ -141,7 +165,7 @@ class DecodeTransferManager:
             if problem is None:
                 room.state, room.finished_at = KVPoll.Success, time.monotonic()
                 del self._rooms[room.room]
-                self.slots.hand_over(room.room, room.dest_slots)
+                self.slots.hand_over(room.room, room.owned_slots())
             else:  # P sends the completion after its last write returned: nothing is in flight
                 self._fail(room, problem, writes_may_land=False)
         self.channel.try_send(room.peer, TransferVerdict(room.room, problem is None, problem or ""))
@@ -155,11 +179,11 @@ class DecodeTransferManager:
         del self._rooms[room.room]
         logger.info("decode bootstrap_room=%d failed: %s", room.room, reason)
         if room.handshake_sent and writes_may_land:
-            self.slots.hold(room.room, room.dest_slots, time.monotonic() + self.config.quarantine_grace_s)
+            self.slots.hold(room.room, room.owned_slots(), time.monotonic() + self.config.quarantine_grace_s)
             if tell_prefill:
                 self.channel.try_send(room.peer, DecodeAbort(room.room, reason, self.channel.endpoint))
         else:
-            self.slots.free(room.dest_slots)
+            self.slots.free(room.owned_slots())
 
     # ---- control messages (service thread) ---------------------------------------------
     def _on_message(self, msg) -> None:
@@ -226,11 +250,11 @@ class DecodeTransferManager:
     # ---- introspection ------------------------------------------------------------------
     def slot_report(self) -> dict[str, dict[str, int]]:
         with self._lock:
-            return self.slots.report([r.dest_slots for r in self._rooms.values()])
+            return self.slots.report([r.owned_slots() for r in self._rooms.values()])
 
     def check_no_leaks(self) -> None:
         with self._lock:
-            self.slots.check_no_leaks([r.dest_slots for r in self._rooms.values()])
+            self.slots.check_no_leaks([r.owned_slots() for r in self._rooms.values()])
 
     def active_rooms(self) -> int:
         with self._lock:
@@ -241,5 +265,5 @@ class DecodeTransferManager:
         self._worker.stop()
         self._checksums.shutdown()
         self.channel.close()
-        for pool in self.pools.values():
+        for pool in self._registered:
             self.engine.unregister(pool.base_ptr)

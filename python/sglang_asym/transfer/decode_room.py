@@ -9,6 +9,7 @@ import numpy as np
 
 from sglang_asym.manifest import PayloadManifest
 from sglang_asym.transfer.checksum import crc_rows
+from sglang_asym.transfer.extents import LANDING_POOL, ExtentBuffer, group_offsets
 from sglang_asym.transfer.messages import GroupDestination, TransferComplete
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
@@ -30,14 +31,31 @@ class DecodeRoom:
     verifying: bool = False
     finished_at: float = 0.0         # monotonic time of Success / Failed
     dest_runs: dict[str, np.ndarray] = field(default_factory=dict)  # dest_slots coalesced (for the CRC re-read)
+    landing: np.ndarray | None = None  # a staged room's landing extent (blocks); its dest_slots are empty
 
     def runs(self, group: str) -> np.ndarray:
         if group not in self.dest_runs:
             self.dest_runs[group] = coalesce_slots(self.dest_slots[group])
         return self.dest_runs[group]
 
+    def owned_slots(self) -> dict[str, np.ndarray]:
+        """What the room holds on D, and what P's writes can reach: pool slots, or the landing extent."""
+        return self.dest_slots if self.landing is None else {LANDING_POOL: self.landing}
+
+
+def landed_rows(room: DecodeRoom, landing: ExtentBuffer, group: str) -> np.ndarray:
+    """A staged room's rows of one group in its landing extent: a (num_rows, row_bytes) uint8 view."""
+    assert room.landing is not None
+    g = room.manifest.group(group)
+    at = group_offsets(room.manifest)[group]
+    return landing.bytes_of(room.landing)[at:at + g.nbytes].reshape(g.num_rows, g.row_bytes)
+
 
 def destinations(room: DecodeRoom, pools: dict[str, RowPool]) -> tuple[GroupDestination, ...]:
+    """Where P writes each group of a direct room: its pool slots (a staged room has none: the
+    handshake gives its landing extent's address instead)."""
+    if room.landing is not None:
+        return ()
     return tuple(
         GroupDestination(g.name, pools[g.name].base_ptr, pools[g.name].num_slots, g.row_bytes,
                          pack_runs(room.runs(g.name)))

@@ -4,7 +4,7 @@ Runs as soon as the completion arrives, without a hop through the decode worker:
 payload (most requests) is summed right on the service thread; a large one is split by
 group over the CRC threads, and the thread that sums the last group reports the verdict.
 The rows are read only after P's completion, i.e. after its last write returned, so the
-check covers their final state.
+check covers their final state. A staged room's rows are read in its landing extent.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ import threading
 from concurrent.futures import Executor
 from typing import Callable
 
+from crc32c import crc32c
+
 from sglang_asym.transfer.checksum import crc_runs
-from sglang_asym.transfer.decode_room import DecodeRoom, completion_problem, crc_problem
+from sglang_asym.transfer.decode_room import DecodeRoom, completion_problem, crc_problem, landed_rows
+from sglang_asym.transfer.extents import ExtentBuffer
 from sglang_asym.transfer.messages import TransferComplete
 from sglang_asym.transfer.row_pool import RowPool
 
@@ -30,8 +33,9 @@ Verdict = Callable[[DecodeRoom, TransferComplete, "str | None"], None]
 
 
 class CompletionVerifier:
-    def __init__(self, pools: dict[str, RowPool], executor: Executor, conclude: Verdict):
-        self._pools, self._executor, self._conclude = pools, executor, conclude
+    def __init__(self, pools: dict[str, RowPool], executor: Executor, conclude: Verdict,
+                 landing: ExtentBuffer | None = None):
+        self._pools, self._executor, self._conclude, self._landing = pools, executor, conclude, landing
 
     def start(self, room: DecodeRoom, msg: TransferComplete) -> None:
         """Check `msg` for `room`; calls conclude(room, msg, problem_or_None) exactly once."""
@@ -41,7 +45,7 @@ class CompletionVerifier:
             self._conclude(room, msg, problem)
             return
         if room.manifest.total_bytes <= INLINE_VERIFY_BYTES or len(groups) == 1:
-            crcs = {g.name: crc_runs(self._pools[g.name], room.runs(g.name)) for g in groups}
+            crcs = {g.name: self._crc(room, g.name) for g in groups}
             self._conclude(room, msg, crc_problem(msg, _with_empty(room, crcs)))
             return
         tally = _Tally(len(groups))
@@ -50,7 +54,7 @@ class CompletionVerifier:
 
     def _sum_group(self, room: DecodeRoom, msg: TransferComplete, group: str, tally: "_Tally") -> None:
         try:
-            crc: int | BaseException = crc_runs(self._pools[group], room.runs(group))
+            crc: int | BaseException = self._crc(room, group)
         except BaseException as exc:  # reported as the room's failure, never swallowed
             crc = exc
         crcs = tally.add(group, crc)
@@ -63,6 +67,13 @@ class CompletionVerifier:
             self._conclude(room, msg, problem)
         except Exception:  # an executor would swallow it silently
             logger.exception("concluding bootstrap_room=%d failed", room.room)
+
+
+    def _crc(self, room: DecodeRoom, group: str) -> int:
+        if room.landing is None:
+            return crc_runs(self._pools[group], room.runs(group))
+        assert self._landing is not None
+        return crc32c(landed_rows(room, self._landing, group))
 
 
 def _with_empty(room: DecodeRoom, crcs: dict) -> dict:

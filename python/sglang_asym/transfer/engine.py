@@ -142,9 +142,14 @@ class MooncakeEngine:
         pending.submit(self._engine.transfer_submit_write, min(submit_now, max_entries))
         return pending
 
-    def finish_write(self, pending: "PendingWrite") -> None:
-        """The rest of `write`: submit and poll until every entry is done; raises like `write`."""
-        done, problem = self._write_entries(pending)
+    def finish_write(self, pending: "PendingWrite", max_wait_s: float | None = None) -> bool:
+        """The rest of `write`: submit and poll until every entry is done; raises like `write`.
+        With max_wait_s, gives up waiting after that long and returns False: the write is still in
+        flight, and some thread must call finish_write on it again. True once it is done."""
+        problem = self._write_entries(pending, max_wait_s)
+        done = pending.done
+        if problem is None and done < len(pending.lengths):
+            return False
         n, max_entries, session = len(pending.lengths), pending.max_entries, pending.session
         with self._stats_lock:
             self.stats.batches += -(-n // max_entries)
@@ -155,6 +160,7 @@ class MooncakeEngine:
         if problem is not None:
             raise WriteFailedError(f"Mooncake batch write to {session} {problem} ({done} of {n} entries done); "
                                    f"destination may be partially written")
+        return True
 
     def write_batch_sync(self, session: str, src_ptrs: np.ndarray, dst_ptrs: np.ndarray, lengths: np.ndarray,
                          max_entries: int) -> None:
@@ -184,12 +190,13 @@ class MooncakeEngine:
             else:
                 self.stats.failed_batches += 1
 
-    def _write_entries(self, w: "PendingWrite") -> tuple[int, str | None]:
-        """Submit while fewer than max_entries are in flight; poll the oldest. Returns (entries done
-        in order, None on success or what went wrong)."""
+    def _write_entries(self, w: "PendingWrite", max_wait_s: float | None = None) -> str | None:
+        """Submit while fewer than max_entries are in flight; poll the oldest; count finished entries
+        in w.done. Returns None (done, or max_wait_s passed first) or what went wrong."""
         submit, check = self._engine.transfer_submit_write, self._engine.transfer_check_status
-        in_flight, done = w.in_flight, 0
-        last_progress = time.monotonic()
+        in_flight = w.in_flight
+        last_progress = w.last_progress = w.last_progress or time.monotonic()
+        give_up = None if max_wait_s is None else time.monotonic() + max_wait_s
         while w.problem is None and (w.submitted < len(w.lengths) or in_flight):
             w.submit(submit, w.max_entries)
             if w.problem is not None or not in_flight:
@@ -199,20 +206,22 @@ class MooncakeEngine:
             if status == _DONE:
                 in_flight.popleft()
                 w.in_flight_bytes -= nbytes
-                done += 1
-                last_progress = time.monotonic()
+                w.done += 1
+                last_progress = w.last_progress = time.monotonic()
             elif status != _PENDING:
                 in_flight.popleft()  # -1 freed it; -2 (timeout) is never freed by the engine: leaked
                 w.problem = "returned -1" if status == _FAILED else f"returned {status} (entry timed out)"
             elif time.monotonic() - last_progress > self._timeout_s + w.in_flight_bytes / SLOWEST_BYTES_PER_S:
                 w.problem = f"returned -1 (no entry finished for {self._timeout_s:g} s + 1 s per GiB in flight)"
+            elif give_up is not None and time.monotonic() > give_up:
+                return None
             else:
                 time.sleep(min(POLL_MAX_S, max(POLL_MIN_S, w.in_flight_bytes / POLL_BYTES_PER_S / 4)))
         if in_flight:
             with self._stragglers_lock:
                 self._stragglers.extend(batch_id for batch_id, _ in in_flight)
             in_flight.clear()
-        return done, w.problem
+        return w.problem
 
     def _reap_stragglers(self) -> None:
         """Poll entries left in flight by a failed write once each: terminal ones free their batch."""
@@ -238,7 +247,8 @@ class PendingWrite:
     def __init__(self, session: str, src: list[int], dst: list[int], lengths: list[int], max_entries: int):
         self.session, self.src, self.dst, self.lengths, self.max_entries = session, src, dst, lengths, max_entries
         self.in_flight: deque[tuple[int, int]] = deque()   # (batch id, bytes), oldest first
-        self.in_flight_bytes = self.submitted = 0
+        self.in_flight_bytes = self.submitted = self.done = 0   # done: entries finished, in order
+        self.last_progress = 0.0                                   # monotonic time an entry last finished
         self.problem: str | None = None
 
     def submit(self, submit, window: int) -> None:

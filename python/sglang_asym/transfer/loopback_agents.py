@@ -16,12 +16,13 @@ from sglang_asym.transfer.bootstrap import BootstrapServer
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig
 from sglang_asym.transfer.decode_manager import DecodeTransferManager
+from sglang_asym.transfer.decode_room import landed_rows
+from sglang_asym.transfer.extents import LANDING_POOL
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import EngineError, UnregisteredMemoryError
 from sglang_asym.transfer.loopback_common import (GroupSpec, churned_allocator, make_pools, manifest_from,
                                                   pattern_rows, wait_for)
 from sglang_asym.transfer.prefill_manager import PrefillTransferManager
-from sglang_asym.transfer.prefill_room import write_entries
 
 
 class PrefillAgent:
@@ -33,6 +34,18 @@ class PrefillAgent:
         self.allocators = {n: churned_allocator(n, c, churn_block, seed) for n, c in capacities.items()}
         self.manager = PrefillTransferManager(config, compat, self.engine, self.pools, self.server.address)
         self.senders, self.source = {}, {}
+        self._writes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # every write's entries, in order
+        self._writes_from: dict[int, int] = {}                                # room -> its first write there
+        start_write = self.engine.start_write
+
+        def recording_start_write(session, src, dst, lengths, *args, **kwargs):
+            if not self._bare:
+                self._writes.append((src.copy(), dst.copy(), lengths.copy()))
+            return start_write(session, src, dst, lengths, *args, **kwargs)
+
+        self._bare = False  # bare_write running: its writes are not the layer's
+
+        self.engine.start_write = recording_start_write
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "bootstrap_port": self.server.port, "session": self.engine.session_id,
@@ -54,6 +67,7 @@ class PrefillAgent:
                 self.allocators[name].free(s)
             raise
         self.source[room] = slots
+        self._writes_from[room] = len(self._writes)
         return {n: s.tolist() for n, s in slots.items()}
 
     def send_rows(self, room: int, group: str, start: int, end: int) -> None:
@@ -77,6 +91,9 @@ class PrefillAgent:
     def finish(self, room: int) -> None:
         self.senders[room].finish()
 
+    def staged(self, room: int) -> bool:
+        return self.senders[room].staged
+
     def abort(self, room: int, reason: str = "aborted by prefill") -> None:
         self.senders[room].abort(reason)
 
@@ -92,13 +109,17 @@ class PrefillAgent:
         for name, s in self.source.pop(room).items():
             self.allocators[name].free(s)
         del self.senders[room]
+        if self._writes_from.pop(room) == len(self._writes) or not self._writes_from:
+            self._writes.clear()  # nothing of another room is recorded: forget it
+            self._writes_from = {r: 0 for r in self._writes_from}
 
     def stats(self) -> dict:
-        s = self.engine.stats
+        s, staging = self.engine.stats, self.manager.staging
         return {"batches": s.batches, "entries": s.entries, "bytes": s.bytes, "failed_batches": s.failed_batches,
                 "largest_batch": s.largest_batch, "malformed_messages": self.manager.channel.malformed_messages,
                 "active_rooms": self.manager.active_rooms(),
-                "free": {n: a.num_free for n, a in self.allocators.items()}}
+                "free": {n: a.num_free for n, a in self.allocators.items()},
+                "staging_free": None if staging is None else staging.allocator.num_free == staging.allocator.capacity}
 
     def wait_idle(self, timeout_s: float = 10.0) -> int:
         deadline = time.monotonic() + timeout_s
@@ -131,17 +152,31 @@ class PrefillAgent:
         return start
 
     def bare_write(self, room: int, repeats: int = 1, engine_call: str = "batch_sync") -> float:
-        """Seconds for a bare engine write of exactly the entries room `room` moved (it must be bound):
-        engine_call "batch_sync" is Mooncake's batch_transfer_sync_write per <= max_batch_entries entries,
-        "polled" the engine wrapper's write (the calls the transfer layer makes)."""
-        r = self.senders[room]._room
-        entries = [write_entries(r, self.pools[g.name], g.name, 0, g.num_rows) for g in r.manifest.groups]
-        src, dst, lens = (np.concatenate([e[i] for e in entries]) for i in range(3))
+        """Seconds for a bare engine write of exactly the entries the layer wrote for room `room`, to
+        the same addresses (the room must be done and its D side not released yet): a direct room's
+        rows from P's pool slots to D's, a staged room's pieces from the staging to the landing extent.
+        engine_call "batch_sync" is Mooncake's batch_transfer_sync_write per <= max_batch_entries
+        entries, "polled" the engine wrapper's write (the calls the transfer layer makes)."""
+        src, dst, lens = self.written_entries(room)
         write = {"batch_sync": self.engine.write_batch_sync, "polled": self.engine.write}[engine_call]
-        start = time.perf_counter()
-        for _ in range(repeats):
-            write(r.request.decode_session, src, dst, lens, self.manager.config.max_batch_entries)
-        return (time.perf_counter() - start) / repeats
+        session = self.senders[room]._room.request.decode_session
+        self._bare = True
+        try:
+            start = time.perf_counter()
+            for _ in range(repeats):
+                write(session, src, dst, lens, self.manager.config.max_batch_entries)
+            return (time.perf_counter() - start) / repeats
+        finally:
+            self._bare = False
+
+    def written_entries(self, room: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (src, dst, length) entries of every write since the room's sender was created (rooms
+        moved one at a time: another room's writes meanwhile would count too)."""
+        writes = self._writes[self._writes_from[room]:]
+        return tuple(np.concatenate([w[i] for w in writes] or [np.zeros(0, dtype=np.uint64)]) for i in range(3))
+
+    def entry_count(self, room: int) -> int:
+        return len(self.written_entries(room)[2])
 
     def close(self) -> None:
         self.manager.close()
@@ -180,8 +215,11 @@ class DecodeAgent:
                        host: str = "127.0.0.1", snapshot: bool = False, return_slots: bool = True
                        ) -> dict[str, list[int]] | None:
         """`return_slots=False` skips listing the slots, which would compete with the transfer it times."""
-        if snapshot:
+        if snapshot:  # every pool, and the landing buffer: what a transfer must leave alone
+            landing = self.managers[manager].landing
             self.snapshots[room] = {n: p.array.copy() for n, p in self.pools[manager].items()}
+            if landing is not None:
+                self.snapshots[room][LANDING_POOL] = landing.pool.array.copy()
         rx = self.managers[manager].create_receiver(host, bootstrap_port, room, manifest_from(groups))
         self.receivers[(room, manager)] = rx
         return {n: s.tolist() for n, s in rx.dest_slots.items()} if return_slots else None
@@ -192,23 +230,30 @@ class DecodeAgent:
 
     def verify(self, room: int, seed: int) -> dict:
         """Compare the room's rows with the pattern, and (with a snapshot) every other row with its old bytes."""
-        rx, pools = self.receivers[(room, "main")], self.pools["main"]
+        rx = self.receivers[(room, "main")]
         bad = [g.name for g in rx.manifest.groups
-               if not np.array_equal(pools[g.name].array[rx.dest_slots[g.name]],
-                                     pattern_rows(seed, g.name, g.num_rows, g.row_bytes))]
+               if not np.array_equal(rx.rows(g.name), pattern_rows(seed, g.name, g.num_rows, g.row_bytes))]
         untouched = None
         if room in self.snapshots:
             untouched = True
+            landing = self.managers["main"].landing
+            pools = {**self.pools["main"], **({LANDING_POOL: landing.pool} if landing is not None else {})}
+            owned = rx._room.owned_slots()
             for name, before in self.snapshots.pop(room).items():
                 mask = np.ones(len(before), dtype=bool)
-                mask[rx.dest_slots.get(name, [])] = False
+                mask[owned.get(name, [])] = False
                 untouched &= bool(np.array_equal(pools[name].array[mask], before[mask]))
         return {"mismatched_groups": bad, "untouched_ok": untouched,
                 "bytes_checked": int(sum(g.nbytes for g in rx.manifest.groups))}
 
     def corrupt(self, room: int, group: str, row: int) -> None:
-        slot = self.receivers[(room, "main")].dest_slots[group][row]
-        self.pools["main"][group].array[slot] ^= 0xFF
+        """Flip the bytes of one row where P wrote it (a stray write on D)."""
+        rx = self.receivers[(room, "main")]
+        if rx.staged:
+            room_state = rx._room
+            landed_rows(room_state, self.managers["main"].landing, group)[row] ^= 0xFF
+        else:
+            self.pools["main"][group].array[rx.dest_slots[group][row]] ^= 0xFF
 
     def abort(self, room: int, reason: str = "aborted by decode", manager: str = "main") -> None:
         self.receivers[(room, manager)].abort(reason)
@@ -233,12 +278,20 @@ class DecodeAgent:
     def active_rooms(self) -> int:
         return sum(m.active_rooms() for m in self.managers.values())
 
+    def _pool(self, group: str):
+        return self.managers["main"].landing.pool if group == LANDING_POOL else self.pools["main"][group]
+
     def unregister(self, group: str) -> None:
-        self.engine.unregister(self.pools["main"][group].base_ptr)
+        """Take a pool (or the landing buffer, LANDING_POOL) away from the engine: writes to it fail."""
+        self.engine.unregister(self._pool(group).base_ptr)
 
     def register(self, group: str) -> None:
-        pool = self.pools["main"][group]
+        pool = self._pool(group)
         self.engine.register(pool.base_ptr, pool.nbytes)
+
+    def staged(self, room: int, manager: str = "main") -> bool:
+        """Whether the room landed in the landing buffer (else in pool slots)."""
+        return self.receivers[(room, manager)].staged
 
     def close(self) -> None:
         for m in self.managers.values():

@@ -1,7 +1,8 @@
 """Control messages between the prefill worker P and the decode worker D (over ZMQ).
 
 Per request (bootstrap_room):
-    D -> P  TransferRequest   compat, manifest, destination pools and slot runs, D's endpoints
+    D -> P  TransferRequest   compat, manifest, destination pools and slot runs (or one landing
+                              extent), D's endpoints
     P -> D  TransferAccept    (or TransferReject with the reason; P then never writes)
             ... P writes rows with Mooncake, possibly chunk by chunk ...
     P -> D  TransferComplete  per-group row counts + CRC32C of the rows in row order
@@ -64,7 +65,9 @@ class TransferRequest:
     decode_session: str
     compat: TransferCompat
     manifest: PayloadManifest
-    destinations: tuple[GroupDestination, ...]
+    destinations: tuple[GroupDestination, ...]  # empty when `landing` is given
+    landing: int | None = None  # address of D's landing extent for the room: every group's rows back to back
+    #                             at extents.group_offsets (no slot runs then); P may write it in any pieces
 
 
 @message("transfer_accept")

@@ -20,6 +20,7 @@ from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig, stall_threshold
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import DuplicateRoomError
+from sglang_asym.transfer.extents import STAGING_POOL, ExtentBuffer
 from sglang_asym.transfer.loops import ServiceLoop
 from sglang_asym.transfer.messages import (DecodeAbort, Ping, Pong, PrefillFailed, TransferAccept,
                                            TransferReject, TransferRequest, TransferVerdict, check_room)
@@ -28,6 +29,7 @@ from sglang_asym.transfer.prefill_room import PrefillRoom, SourceRows, check_req
 from sglang_asym.transfer.prefill_writer import PrefillWriter
 from sglang_asym.transfer.row_pool import RowPool
 from sglang_asym.transfer.sender import Sender
+from sglang_asym.transfer.staging import StagingExtent
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,10 @@ class PrefillTransferManager:
         self._last_heard: dict[str, float] = {}                    # decode endpoint -> time
         self._last_tick = time.monotonic()
         self.channel = Channel(config.host)
+        self.staging = ExtentBuffer(STAGING_POOL, config.staging_bytes) if config.staging_bytes else None
+        self._registered = list(self.pools.values()) + ([self.staging.pool] if self.staging else [])
         try:
-            for pool in self.pools.values():
+            for pool in self._registered:
                 engine.register(pool.base_ptr, pool.nbytes)
             if bootstrap_addr is not None:
                 bootstrap_client.register_prefill_rank(bootstrap_addr, bootstrap_client.RankRegistration(
@@ -64,7 +68,7 @@ class PrefillTransferManager:
                     kv_cache_dtype=kv_cache_dtype, kv_layout=kv_layout), timeout_s=config.http_timeout_s)
         except Exception:
             self.channel.close()
-            for pool in self.pools.values():
+            for pool in self._registered:
                 if engine.regions.contains(pool.base_ptr):
                     engine.unregister(pool.base_ptr)
             raise
@@ -80,11 +84,16 @@ class PrefillTransferManager:
         slots = check_source_slots(manifest, source_slots, self.pools)
         now = time.monotonic()
         room = PrefillRoom(bootstrap_room, manifest, slots, created_at=now)
-        room.source_rows = SourceRows.build(manifest, slots, self.pools)  # off the transfer's critical path
+        if self.staging is not None:  # None when no extent is free: the room goes direct
+            room.staging = StagingExtent.reserve(self.staging, manifest)
+            room.staged = room.staging is not None
+        room.source_rows = SourceRows.build(manifest, slots, self.pools, room.staging)  # off the critical path
         room.checksums = self._writer.checksums_for(room)
         codec.remember(manifest)  # so is the manifest: off the handshake's critical path from here
         with self._lock:
             if bootstrap_room in self._rooms:
+                if room.staging is not None:
+                    room.staging.free()
                 raise DuplicateRoomError(f"bootstrap_room={bootstrap_room} is already active on this prefill worker")
             self._finished.pop(bootstrap_room, None)
             self._rooms[bootstrap_room] = room
@@ -99,6 +108,8 @@ class PrefillTransferManager:
     def send_rows(self, room: PrefillRoom, group: str, row_start: int, row_end: int) -> None:
         with self._lock:
             if room.declare_rows(group, row_start, row_end):
+                if room.staging is not None:  # under the lock: a dropped room's extent is freed under it too
+                    room.staging.copy_in(self.pools[group], group, room.source_slots[group], row_start, row_end)
                 room.checksums.add(group, row_start, row_end)  # summed now, while the rows wait or fly
                 if room.bound:
                     room.state = KVPoll.Transferring
@@ -180,10 +191,12 @@ class PrefillTransferManager:
         logger.debug("bootstrap_room=%d: bound to decode %s", room.room, req.decode_endpoint)
         self._last_heard[req.decode_endpoint] = now
         room.state = KVPoll.Transferring if (room.pending_ranges or room.finished) else KVPoll.WaitingForInput
-        self._writer.start_rows(room)  # first, so the bytes move while the accept is encoded and sent
+        written = self._writer.start_rows(room)  # first, so the bytes move while the accept is encoded and sent
+        if written:  # a small finished room, written on this thread: its completion leaves from here, first
+            self._writer.complete_now(room)
         if room.state != KVPoll.Failed:
             self.channel.try_send(req.decode_endpoint, TransferAccept(room.room, self.channel.endpoint, self.compat))
-        if room.finished:
+        if room.finished and not written:
             self._writer.queue_complete(room)
 
     def _on_decode_outcome(self, msg: TransferVerdict | DecodeAbort, now: float) -> None:
@@ -222,6 +235,9 @@ class PrefillTransferManager:
                     if room.drained:
                         del self._rooms[room.room]
                         self._finished[room.room] = (room.state.name, now)
+                        if room.staging is not None:  # no write of it is left: the extent can go
+                            room.staging.free()
+                            room.staging = None
                 elif not room.bound:
                     if now - room.created_at > cfg.bootstrap_timeout_s:
                         self._fail(room, f"no decode handshake within {cfg.bootstrap_timeout_s:g}s")
@@ -251,5 +267,5 @@ class PrefillTransferManager:
         self._loop.stop()
         self._writer.stop()
         self.channel.close()
-        for pool in self.pools.values():
+        for pool in self._registered:
             self.engine.unregister(pool.base_ptr)

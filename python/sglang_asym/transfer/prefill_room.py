@@ -12,7 +12,9 @@ from sglang_asym.transfer.checksum import RunningChecksums
 from sglang_asym.transfer.messages import GroupDestination, TransferRequest
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
+from sglang_asym.transfer.extents import group_offsets
 from sglang_asym.transfer.runs import paired_runs, unpack_runs
+from sglang_asym.transfer.staging import StagingExtent, split_for_lanes
 
 
 @dataclass
@@ -37,6 +39,8 @@ class PrefillRoom:
     pending_tasks: int = 0                           # worker tasks queued or running for this room
     write_failed: bool = False                       # a -1 happened: a late write may still land on D
     source_rows: "SourceRows | None" = None          # every row's source address (built by create_sender)
+    staging: StagingExtent | None = None             # where send_rows copies the rows (until the room is dropped)
+    staged: bool = False                             # the room got a staging extent (kept after the drop)
     row_table: "RowTable | None" = None              # + every row's destination, built at the first write
 
     def __post_init__(self) -> None:
@@ -55,6 +59,12 @@ class PrefillRoom:
         if not (self.finished and self.bound):
             return 0.0
         return max(self.finished_at, self.request_arrived_at)
+
+    @property
+    def whole_extents(self) -> bool:
+        """Source and destination are one registered extent each (P's staging, D's landing): a write's
+        entries may run across groups."""
+        return self.staging is not None and self.request is not None and self.request.landing is not None
 
     @property
     def drained(self) -> bool:
@@ -86,9 +96,12 @@ class PrefillRoom:
         self.finished_at = time.monotonic()
         return True
 
-    def destination(self, group: str) -> GroupDestination:
+    def destination_base(self, group: str) -> int:
+        """Address of D's slot 0 for the group (its pool, or its place in D's landing extent)."""
         assert self.request is not None
-        return next(d for d in self.request.destinations if d.group == group)
+        if self.request.landing is not None:
+            return self.request.landing + group_offsets(self.manifest)[group]
+        return next(d for d in self.request.destinations if d.group == group).base_ptr
 
 
 def check_source_slots(manifest: PayloadManifest, source_slots, pools: dict[str, RowPool]) -> dict[str, np.ndarray]:
@@ -116,6 +129,13 @@ def check_request(room: PrefillRoom, req: TransferRequest) -> dict[str, np.ndarr
     if req.manifest != room.manifest:
         raise ValueError(f"payload manifest differs: prefill has {_describe(room.manifest)}, "
                          f"decode has {_describe(req.manifest)}")
+    if req.landing is not None:  # one extent of D's, laid out as extents.group_offsets says
+        if req.destinations:
+            raise ValueError(f"a handshake with a landing extent must not list slot runs too "
+                             f"({len(req.destinations)} groups listed)")
+        if not 0 < req.landing <= (1 << 64) - room.manifest.total_bytes:
+            raise ValueError(f"landing extent address {req.landing:#x} cannot hold {room.manifest.total_bytes} B")
+        return {g.name: np.arange(g.num_rows, dtype=np.int64) for g in room.manifest.groups}
     names = [g.name for g in room.manifest.groups]
     if [d.group for d in req.destinations] != names:
         raise ValueError(f"decode destinations cover groups {[d.group for d in req.destinations]}, "
@@ -183,12 +203,17 @@ class SourceRows:
     step: np.ndarray  # uint64 row bytes
 
     @classmethod
-    def build(cls, manifest: PayloadManifest, slots: dict[str, np.ndarray], pools: dict[str, RowPool]
-              ) -> "SourceRows":
+    def build(cls, manifest: PayloadManifest, slots: dict[str, np.ndarray], pools: dict[str, RowPool],
+              staging: StagingExtent | None = None) -> "SourceRows":
+        """The rows' pool slots, or for a staged room their places in its staging extent."""
         groups = manifest.groups
         step = _per_row(manifest, [pools[g.name].row_bytes for g in groups])
-        src = np.concatenate([slots[g.name] for g in groups] or [np.zeros(0, dtype=np.int64)]).astype(np.uint64) \
-            * step + _per_row(manifest, [pools[g.name].base_ptr for g in groups])
+        if staging is None:
+            index, bases = [slots[g.name] for g in groups], [pools[g.name].base_ptr for g in groups]
+        else:
+            index, bases = [np.arange(g.num_rows) for g in groups], [staging.base(g.name) for g in groups]
+        src = np.concatenate(index or [np.zeros(0, dtype=np.int64)]).astype(np.uint64) * step \
+            + _per_row(manifest, bases)
         offsets = dict(zip([g.name for g in groups], np.cumsum([0] + [g.num_rows for g in groups]).tolist()))
         return cls(offsets, src, step)
 
@@ -205,21 +230,21 @@ class RowTable:
     @classmethod
     def build(cls, room: PrefillRoom, pools: dict[str, RowPool]) -> "RowTable":
         groups = room.manifest.groups
-        source = room.source_rows or SourceRows.build(room.manifest, room.source_slots, pools)
+        source = room.source_rows or SourceRows.build(room.manifest, room.source_slots, pools, room.staging)
         dst = np.concatenate([room.dest_slots[g.name] for g in groups] or [np.zeros(0, dtype=np.int64)]
                              ).astype(np.uint64) * source.step \
-            + _per_row(room.manifest, [room.destination(g.name).base_ptr for g in groups])
+            + _per_row(room.manifest, [room.destination_base(g.name) for g in groups])
         return cls(source.offsets, source.src, dst, source.step)
 
 
 def write_entries(room: PrefillRoom, pool: RowPool, group: str, start: int, end: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src_ptrs, dst_ptrs, lengths) for rows [start, end) of `group`, coalesced into runs."""
-    dest = room.destination(group)
+    base = room.destination_base(group)
     src_runs, dst_runs, counts = paired_runs(room.source_slots[group][start:end], room.dest_slots[group][start:end])
     rb = pool.row_bytes
     src_ptrs = (np.uint64(pool.base_ptr) + src_runs.astype(np.uint64) * np.uint64(rb))
-    dst_ptrs = (np.uint64(dest.base_ptr) + dst_runs.astype(np.uint64) * np.uint64(rb))
+    dst_ptrs = (np.uint64(base) + dst_runs.astype(np.uint64) * np.uint64(rb))
     return src_ptrs, dst_ptrs, counts.astype(np.uint64) * np.uint64(rb)
 
 
@@ -228,7 +253,11 @@ def batch_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tup
     """`write_entries` of several (group, start, end) ranges, concatenated, in one vectorised pass
     over slices of the room's RowTable (built once, at the first write): a run continues while
     both addresses advance by one row and never crosses a range (pools of two groups may lie next
-    to each other in memory, but an entry must stay inside one)."""
+    to each other in memory, but an entry must stay inside one), except in a room with whole
+    extents on both sides (`PrefillRoom.whole_extents`), whose runs go on across ranges and are
+    then cut into pieces for the transport's lanes."""
+    if room.whole_extents:
+        return split_for_lanes(*_extent_entries(room, pools, ranges))
     if room.row_table is None:
         room.row_table = RowTable.build(room, pools)
     t = room.row_table
@@ -249,6 +278,25 @@ def batch_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tup
     ends = np.empty_like(first)
     ends[:-1], ends[-1] = first[1:], len(src_a)
     return src_a[first], dst_a[first], (ends - first).astype(np.uint64) * rb_a[first]
+
+
+def _extent_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tuple[str, int, int]]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One entry per range from the staging extent to the landing extent (both laid out by
+    group_offsets, as check_request verified), in extent order, neighbours merged (the ranges of
+    one write may go in any order: a pipelined prefill hands them over group after group)."""
+    assert room.staging is not None and room.request is not None
+    offset = room.request.landing - room.staging.base(room.manifest.groups[0].name)  # landing - staging address
+    pieces = sorted((room.staging.base(g) + s * pools[g].row_bytes, (e - s) * pools[g].row_bytes)
+                    for g, s, e in ranges if e > s)
+    src, dst, lengths = [], [], []
+    for a, n in pieces:
+        b = a + offset
+        if src and src[-1] + lengths[-1] == a:
+            lengths[-1] += n
+        else:
+            src.append(a), dst.append(b), lengths.append(n)
+    return tuple(np.array(x, dtype=np.uint64) for x in (src, dst, lengths))
 
 
 def _describe(manifest: PayloadManifest) -> str:

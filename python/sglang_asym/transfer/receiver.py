@@ -2,7 +2,8 @@
 
     receiver = manager.create_receiver(bootstrap_host, bootstrap_port, room, manifest)
     while receiver.poll() not in (KVPoll.Success, KVPoll.Failed): ...
-    on Success: the rows are in receiver.dest_slots (row i of a group in its i-th slot);
+    on Success: receiver.rows(group) has the rows (a staged room's live in its landing extent, a
+                direct room's in receiver.dest_slots: row i of a group in its i-th slot);
                 the caller owns them until receiver.release().
     on Failed:  the manager already freed (or quarantined) the slots; release() is a no-op.
 """
@@ -36,7 +37,16 @@ class Receiver:
 
     @property
     def dest_slots(self) -> dict[str, np.ndarray]:
+        """The pool slots of a direct room (empty for a staged one)."""
         return self._room.dest_slots
+
+    @property
+    def staged(self) -> bool:
+        return self._room.landing is not None
+
+    def rows(self, group: str) -> np.ndarray:
+        """The group's rows after Success, (num_rows, row_bytes); valid until release()."""
+        return self._manager.rows(self._room, group)
 
     def poll(self) -> KVPoll:
         return self._room.state

@@ -14,6 +14,8 @@ import numpy as np
 
 from sglang_asym.transfer.errors import UnregisteredMemoryError
 
+SMALL_CHECK = 8  # up to this many ranges, a Python loop beats numpy's per-call cost
+
 
 class RegisteredRegions:
     def __init__(self) -> None:
@@ -51,9 +53,10 @@ class RegisteredRegions:
 
     def check(self, ptrs: np.ndarray, lengths: np.ndarray) -> None:
         """Raise unless every [ptr, ptr + length) lies inside one registered region."""
-        ptrs, lengths = np.asarray(ptrs, dtype=np.uint64), np.asarray(lengths, dtype=np.uint64)
-        if len(ptrs) == 0:
+        if len(ptrs) <= SMALL_CHECK:
+            self._check_few(ptrs, lengths)
             return
+        ptrs, lengths = np.asarray(ptrs, dtype=np.uint64), np.asarray(lengths, dtype=np.uint64)
         with self._lock:
             starts = np.asarray(self._starts, dtype=np.uint64)
             ends = np.asarray(self._ends, dtype=np.uint64)
@@ -66,6 +69,17 @@ class RegisteredRegions:
             inside[:] = False
         if not inside.all():
             bad = int(np.flatnonzero(~inside)[0])
-            raise UnregisteredMemoryError(
-                f"source range [{int(ptrs[bad]):#x}, +{int(lengths[bad])}) is not inside a registered "
-                f"memory region ({len(starts)} registered)")
+            self._refuse(int(ptrs[bad]), int(lengths[bad]), len(starts))
+
+    def _check_few(self, ptrs, lengths) -> None:
+        """`check` for a handful of ranges (a staged write): bisect over Python ints, no numpy."""
+        with self._lock:
+            for ptr, length in zip(map(int, ptrs), map(int, lengths)):
+                i = bisect.bisect_right(self._starts, ptr) - 1
+                if i < 0 or ptr + length > self._ends[i]:
+                    self._refuse(ptr, length, len(self._starts))
+
+    @staticmethod
+    def _refuse(ptr: int, length: int, registered: int) -> None:
+        raise UnregisteredMemoryError(f"source range [{ptr:#x}, +{length}) is not inside a registered "
+                                      f"memory region ({registered} registered)")

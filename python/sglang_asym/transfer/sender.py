@@ -36,6 +36,11 @@ class Sender:
     def manifest(self) -> PayloadManifest:
         return self._room.manifest
 
+    @property
+    def staged(self) -> bool:
+        """Whether the rows go out from a staging extent (else straight from their pool slots)."""
+        return self._room.staged
+
     def poll(self) -> KVPoll:
         return self._room.state
 

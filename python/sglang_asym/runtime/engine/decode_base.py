@@ -81,8 +81,7 @@ class DecodeEngineBase(EngineBase):
                     receiver.abort(f"prefix did not arrive within {self._overall_timeout_s} s")
                 self.metrics.count_transfer_failure()
                 return None, f"prefix transfer failed: {receiver.failure_reason or 'timed out'}"
-            rows = {g.name: self.decode(g.name, self.pools[g.name].array[receiver.dest_slots[g.name]])
-                    for g in manifest.groups}
+            rows = {g.name: self.decode(g.name, receiver.rows(g.name)) for g in manifest.groups}
             receiver.release()
             self.metrics.observe_transfer(manifest.total_bytes, time.perf_counter() - t0)
             return rows, None

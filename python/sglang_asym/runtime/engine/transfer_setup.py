@@ -13,6 +13,9 @@ from .options import EngineOptions
 from .payload_io import group_kind
 
 POLL_S = 0.002
+# Staged transfers (transfer/extents.py): P's staging and D's landing buffer. A request whose payload
+# does not fit the free part goes direct, slot run by slot run.
+STAGED_BUFFER_BYTES = 16 << 20
 
 
 def row_format_for(options: EngineOptions) -> str:
@@ -37,7 +40,8 @@ def make_pools(cfg: V41Config, options: EngineOptions, compat: TransferCompat) -
 
 
 def transfer_config_for(options: EngineOptions, host: str) -> TransferConfig:
-    return TransferConfig(host=host, bootstrap_timeout_s=options.transfer_timeout_s)
+    return TransferConfig(host=host, bootstrap_timeout_s=options.transfer_timeout_s,
+                          landing_bytes=STAGED_BUFFER_BYTES, staging_bytes=STAGED_BUFFER_BYTES)
 
 
 def overall_timeout_s(config: TransferConfig) -> float:
