@@ -191,8 +191,11 @@ class PrefillTransferManager:
         logger.debug("bootstrap_room=%d: bound to decode %s", room.room, req.decode_endpoint)
         self._last_heard[req.decode_endpoint] = now
         room.state = KVPoll.Transferring if (room.pending_ranges or room.finished) else KVPoll.WaitingForInput
-        written = self._writer.start_rows(room)  # first, so the bytes move while the accept is encoded and sent
-        if written:  # a small finished room, written on this thread: its completion leaves from here, first
+        # First, so the bytes move before the accept is encoded and sent. A small finished room is written
+        # to the end here, under the lock (so nothing can queue its failure notice before the write ended
+        # or went to the worker), and its completion leaves from here, before the accept.
+        written = self._writer.start_rows(room)
+        if written:
             self._writer.complete_now(room)
         if room.state != KVPoll.Failed:
             self.channel.try_send(req.decode_endpoint, TransferAccept(room.room, self.channel.endpoint, self.compat))
