@@ -9,6 +9,7 @@ import time
 import msgpack
 import pytest
 import zmq
+import transfer_cases
 from transfer_cases import CONFIG, FAILED, SUCCESS, TERMINAL, WAITING, asym_groups, free_port
 
 from sglang_asym.transfer.loopback_rpc import AgentError
@@ -21,18 +22,7 @@ CONFIRMED_FREE_S = CONFIG.quarantine_grace_s / 2  # freed this fast only if P co
 
 
 def bound_room(pair, seed: int) -> int:
-    """A room bound on both sides with the first 256 rows of L20.kv already written."""
-    room = pair.next_room()
-    pair.P.call("start_sender", room=room, groups=GROUPS, seed=seed)
-    pair.D.call("start_receiver", room=room, groups=GROUPS, bootstrap_port=pair.port)
-    assert pair.D.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
-    assert pair.P.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
-    pair.P.call("send_rows", room=room, group="L20.kv", start=0, end=256)
-    deadline = time.monotonic() + 5
-    while pair.P.call("rows_written", room=room)["L20.kv"] != 256 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert pair.P.call("rows_written", room=room)["L20.kv"] == 256
-    return room
+    return transfer_cases.bound_room(pair, GROUPS, seed)
 
 
 def quarantined(pair) -> dict[str, int]:

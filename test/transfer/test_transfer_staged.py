@@ -9,6 +9,7 @@ import dataclasses
 import time
 
 import pytest
+import transfer_cases
 from transfer_cases import CONFIG, FAILED, SUCCESS, TERMINAL, WAITING, AgentPair, asym_groups
 
 from sglang_asym.transfer.extents import LANDING_POOL
@@ -112,17 +113,8 @@ GROUPS = asym_groups(4097)
 
 
 def bound_room(staged, seed: int) -> int:
-    room = staged.next_room()
-    staged.P.call("start_sender", room=room, groups=GROUPS, seed=seed)
-    staged.D.call("start_receiver", room=room, groups=GROUPS, bootstrap_port=staged.port)
-    assert staged.D.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
-    assert staged.P.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
+    room = transfer_cases.bound_room(staged, GROUPS, seed)
     assert staged.D.call("staged", room=room) and staged.P.call("staged", room=room)
-    staged.P.call("send_rows", room=room, group="L20.kv", start=0, end=256)
-    deadline = time.monotonic() + 5
-    while staged.P.call("rows_written", room=room)["L20.kv"] != 256 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert staged.P.call("rows_written", room=room)["L20.kv"] == 256
     return room
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import time
 
 from sglang_asym.transfer import KVPoll, RowFormat, TransferCompat, TransferConfig
 from sglang_asym.transfer.loopback_rpc import AgentProcess
@@ -53,6 +54,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def bound_room(pair: "AgentPair", groups: list[tuple[str, int, int]], seed: int) -> int:
+    """A room bound on both sides with the first 256 rows of L20.kv already written."""
+    room = pair.next_room()
+    pair.P.call("start_sender", room=room, groups=groups, seed=seed)
+    pair.D.call("start_receiver", room=room, groups=groups, bootstrap_port=pair.port)
+    assert pair.D.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
+    assert pair.P.call("wait", room=room, states=[WAITING] + TERMINAL)[0] == WAITING
+    pair.P.call("send_rows", room=room, group="L20.kv", start=0, end=256)
+    deadline = time.monotonic() + 5
+    while pair.P.call("rows_written", room=room)["L20.kv"] != 256 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pair.P.call("rows_written", room=room)["L20.kv"] == 256
+    return room
 
 
 class AgentPair:
