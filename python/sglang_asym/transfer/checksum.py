@@ -15,10 +15,9 @@ import threading
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
-
-from crc32c import crc32c
 from typing import TYPE_CHECKING
 
+from crc32c import crc32c
 import numpy as np
 
 from sglang_asym.transfer.row_pool import RowPool

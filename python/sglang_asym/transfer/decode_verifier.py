@@ -68,7 +68,6 @@ class CompletionVerifier:
         except Exception:  # an executor would swallow it silently
             logger.exception("concluding bootstrap_room=%d failed", room.room)
 
-
     def _crc(self, room: DecodeRoom, group: str) -> int:
         if room.landing is None:
             return crc_runs(self._pools[group], room.runs(group))

@@ -73,7 +73,7 @@ class ExtentAllocator:
                     break
             else:
                 raise SlotsExhaustedError(f"pool {self.name!r}: no free run of {n} blocks "
-                                          f"({self._free} of {self.capacity} free, fragmented)")
+                                          f"({self._free} of {self.capacity} free)")
             if e - s == n:
                 del self._starts[i], self._ends[i]
             else:

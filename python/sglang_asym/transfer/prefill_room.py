@@ -9,10 +9,10 @@ import numpy as np
 
 from sglang_asym.manifest import PayloadManifest
 from sglang_asym.transfer.checksum import RunningChecksums
+from sglang_asym.transfer.extents import group_offsets
 from sglang_asym.transfer.messages import GroupDestination, TransferRequest
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
-from sglang_asym.transfer.extents import group_offsets
 from sglang_asym.transfer.runs import paired_runs, unpack_runs
 from sglang_asym.transfer.staging import StagingExtent, split_for_lanes
 
@@ -283,8 +283,8 @@ def batch_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tup
 def _extent_entries(room: PrefillRoom, pools: dict[str, RowPool], ranges: list[tuple[str, int, int]]
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One entry per range from the staging extent to the landing extent (both laid out by
-    group_offsets, as check_request verified), in extent order, neighbours merged (the ranges of
-    one write may go in any order: a pipelined prefill hands them over group after group)."""
+    extents.group_offsets), in extent order, neighbours merged (the ranges of one write may come
+    in any order: a pipelined prefill hands them over group after group)."""
     assert room.staging is not None and room.request is not None
     offset = room.request.landing - room.staging.base(room.manifest.groups[0].name)  # landing - staging address
     pieces = sorted((room.staging.base(g) + s * pools[g].row_bytes, (e - s) * pools[g].row_bytes)
