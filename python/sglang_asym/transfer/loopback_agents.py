@@ -109,9 +109,9 @@ class PrefillAgent:
         for name, s in self.source.pop(room).items():
             self.allocators[name].free(s)
         del self.senders[room]
-        if self._writes_from.pop(room) == len(self._writes) or not self._writes_from:
-            self._writes.clear()  # nothing of another room is recorded: forget it
-            self._writes_from = {r: 0 for r in self._writes_from}
+        self._writes_from.pop(room)
+        if not self._writes_from:  # no room left whose writes bare_write could ask for
+            self._writes.clear()
 
     def stats(self) -> dict:
         s, staging = self.engine.stats, self.manager.staging
