@@ -4,6 +4,7 @@ spawned worker agents (one prefill, one decode, one Mooncake engine each) on 127
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import time
 
@@ -115,3 +116,46 @@ class AgentPair:
     def stop(self) -> None:
         self.P.stop()
         self.D.stop()
+
+
+TCP_ESTABLISHED = 1  # the `st` column of /proc/net/tcp
+
+
+def _tcp_table() -> list[tuple[int, int, int, int, int]]:
+    """(local port, remote port, tx_queue, rx_queue, inode) of every established IPv4 TCP socket here."""
+    rows = []
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if int(fields[3], 16) != TCP_ESTABLISHED:
+                continue
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            rows.append((int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16), tx, rx, int(fields[9])))
+    return rows
+
+
+def wait_delivered(sender_pid: int, to_port: int, timeout_s: float = 5.0) -> None:
+    """Wait until what process `sender_pid` sent to 127.0.0.1:`to_port` sits in the receiving socket's
+    kernel buffer (nothing unacknowledged on the sender's side, something unread on the receiver's).
+    With the receiver frozen, this says a ZMQ message left the sender's I/O thread and will be read
+    first thing after the thaw."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{sender_pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{sender_pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        table = _tcp_table()
+        ours = [(local, tx) for local, remote, tx, _, inode in table if remote == to_port and inode in inodes]
+        unread = [rx for local, remote, _, rx, _ in table if local == to_port and remote in {p for p, _ in ours}]
+        if ours and all(tx == 0 for _, tx in ours) and any(rx > 0 for rx in unread):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing from pid {sender_pid} arrived at port {to_port} within {timeout_s}s "
+                               f"(sender sockets {ours}, unread {unread}); a sender that must first ask the "
+                               f"frozen receiver something (a bootstrap lookup) sends nothing")
+        time.sleep(0.001)
