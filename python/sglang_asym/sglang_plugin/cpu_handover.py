@@ -1,11 +1,9 @@
-"""On CPU, a DeepSeek-V4.1 server is run by sglang-asym's embedded runtime, not by SGLang.
+"""On CPU, an asymmetric server (asym-prefill / asym-decode) is run by sglang-asym's embedded runtime.
 
-SGLang 0.5.23 cannot serve V4.1 on CPU (its V4 KV-store and mHC kernels are Triton/CUDA only, and
-its CPU engine needs an sgl-kernel CPU build that PyPI does not ship). So when the server would run
-on CPU, `sglang.launch_server` / `sglang serve` hand the unchanged command line to
-`sglang_asym.launch_server.main(argv)`, which takes the same flags:
-- every asymmetric mode (asym-prefill / asym-decode);
-- null / prefill / decode too when the checkpoint is DeepSeek-V4.1 (other models stay with SGLang).
+SGLang's own engine serves DeepSeek-V4.1 on CPU through sglang-asym's platform (cpu_platform.py) in
+the modes SGLang has: null, prefill and decode. The asymmetric modes do not run inside SGLang's
+engine yet, so when such a server would run on CPU, `sglang.launch_server` / `sglang serve` hand the
+unchanged command line to `sglang_asym.launch_server.main(argv)`, which takes the same flags.
 "Would run on CPU": `--device cpu`, or no `--device` on a machine without CUDA.
 """
 
@@ -44,9 +42,7 @@ def is_v41_checkpoint(model_path: str | None) -> bool:
 
 def should_hand_over(server_args: Any) -> bool:
     """Whether this parsed SGLang server belongs to the embedded runtime (see module doc)."""
-    if not runs_on_cpu(server_args.device):
-        return False
-    return settings_of(server_args) is not None or is_v41_checkpoint(server_args.model_path)
+    return runs_on_cpu(server_args.device) and settings_of(server_args) is not None
 
 
 def _embedded_launcher() -> Callable[[list[str]], Any]:

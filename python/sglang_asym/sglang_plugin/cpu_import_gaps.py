@@ -107,12 +107,14 @@ def _settle_transformers_torchvision_probe() -> None:
         raise RuntimeError("transformers reports torchvision available although it does not import")
 
 
-def install() -> tuple[str, ...]:
-    """Installs stand-ins for the missing packages of GAPS; returns their names. Idempotent."""
+def install(roots: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Installs stand-ins for the missing packages of GAPS (or of `roots`, a subset); returns their
+    names. Idempotent: the first call decides."""
     global _installed
     if _installed is not None:
         return tuple(_installed.roots)
-    missing = {root: why for root, why in GAPS.items() if not _real_package_importable(root)}
+    wanted = GAPS if roots is None else {root: GAPS[root] for root in roots}
+    missing = {root: why for root, why in wanted.items() if not _real_package_importable(root)}
     if "torchvision" in missing:
         _settle_transformers_torchvision_probe()
     _installed = _GapFinder(missing)

@@ -4,9 +4,10 @@
   ServerArgs.from_cli_args  AROUND  validate + translate asym-* to prefill/decode, attach AsymSettings
   prepare_server_args       AROUND  argument errors as argparse-style exits; CPU servers hand over
                                     to the embedded runtime
-  runtime_context.publish   AFTER   when a scheduler process publishes an asymmetric ServerArgs,
-                                    registers and applies the scheduler hooks below (in that process
-                                    only: their modules do not import on a CPU-only launcher)
+  runtime_context.publish   AFTER   in a scheduler process: on CPU, applies cpu_patches.py (SGLang's
+                                    own engine on CPU); for an asymmetric ServerArgs, registers and
+                                    applies the scheduler hooks below (in that process only: their
+                                    modules do not import on a CPU-only launcher)
 Scheduler hooks:
   model_loader.loader._initialize_model
                             AROUND  asym-prefill: builds SGLang's V4.1 model truncated to the prefill
@@ -30,17 +31,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import cpu_handover
+from . import cpu_handover, cpu_import_gaps
+from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
 from .prefill_cut import cut_request, prefill_cut_for, prompt_len_of, zero_compute_refusal
 from .prefill_model import install_prefill_loading, truncated_construction
 from .prefill_role import PrefillRole
 from .settings import attach, settings_of
+from .startup import STARTUP_GAPS
 from .validation import AsymArgumentError
 
 SERVER_ARGS = "sglang.srt.server_args"
@@ -108,7 +112,13 @@ def around_initialize_model(original: Callable, model_config: Any, load_config: 
 
 
 def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
-    if role == SCHEDULER_ROLE and settings_of(server_args) is not None:
+    if role != SCHEDULER_ROLE:
+        return
+    if cpu_engine_selected():
+        from .cpu_patches import apply_cpu_patches
+
+        apply_cpu_patches()
+    if settings_of(server_args) is not None:
         install_scheduler_hooks()
 
 
@@ -179,6 +189,11 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
 
 def register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if cpu_engine_selected():
+        # SGLang's own engine on CPU: this process and every one it spawns gets the import stand-ins
+        os.environ[CHILD_FLAG] = "1"
+        cpu_import_gaps.install(STARTUP_GAPS)
 
     for target, hook, hook_type in hook_table():
         HookRegistry.register(target, hook, HookType[hook_type])

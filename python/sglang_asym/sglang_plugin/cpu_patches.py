@@ -1,0 +1,153 @@
+"""Every change SGLang 0.5.23 needs to serve DeepSeek-V4.1 on a CPU machine, in one place.
+
+Each entry of `CPU_PATCHES` names the SGLang symbol, the kind of change and why. They are applied in
+each SGLang process (launcher, scheduler, detokenizer) by `apply_cpu_patches`, only when the CPU
+engine is selected (cpu_engine_mode.py); test_canaries.py checks every target against the pinned
+SGLang, so an upgrade fails loudly instead of serving wrong bytes.
+
+  kv_cache_configurator.reject_out_of_tree_path  AROUND   let the DeepSeek-V4 KV pool be built on this
+                        platform: it is plain torch tensors on "cpu" (every other refusal stays)
+  deepseek_v4_memory_pool.select_dsv4_kv_layout  REPLACE  the pool layout: SGLANG_DSV4_KV_LAYOUT=v4 or
+                        v41; `auto` (the default) takes v41, what SGLang picks on a B300 (SM103)
+  DeepseekV4AttnBackend.init_forward_metadata    REPLACE  no FlashMLA / DeepGEMM metadata: the reference
+                        forward reads the pool through ForwardBatch itself
+  DeepseekV4AttnBackend._snapshot_prefill_shared_reads  REPLACE  the base backend's (nothing to snapshot)
+  MooncakeKVSender.supports_host_tensor_indices  ATTRIBUTE False: P's send path would pin host memory
+                        and record a torch.cuda.Event for indices that are already on the host
+  rope_variant.get_device                        REPLACE  "cpu" (it raises without an accelerator)
+  rotary_embedding.factory.get_rope_wrapper      AROUND   the generic rope for device "cpu": the CPU
+                        branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none
+                        (the model's rope objects are built, never run: the reference forward ropes)
+  DeepseekV4ForCausalLM._prewarm_mhc_kernels     REPLACE  no JIT prewarm of CUDA mHC kernels
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+KV_LAYOUT_ENV = "SGLANG_DSV4_KV_LAYOUT"
+CPU_KV_LAYOUTS = ("v41", "v4")  # the first is what `auto` picks
+DSV4_POOL_SUBSYSTEM = "the DeepSeek-V4 KV pool"
+
+MEMORY_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
+ATTN_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
+
+
+@dataclass(frozen=True)
+class CpuPatch:
+    target: str  # dotted path of the SGLang symbol
+    kind: str  # AROUND / REPLACE (HookRegistry) or ATTRIBUTE (a class attribute set directly)
+    hook: Callable | Any
+    why: str
+
+
+class CpuLayoutError(ValueError):
+    """SGLANG_DSV4_KV_LAYOUT names a layout the CPU engine cannot serve."""
+
+
+def cpu_kv_layout_name() -> str:
+    chosen = os.environ.get(KV_LAYOUT_ENV, "auto").strip().lower() or "auto"
+    if chosen == "auto":
+        return CPU_KV_LAYOUTS[0]
+    if chosen not in CPU_KV_LAYOUTS:
+        raise CpuLayoutError(f"{KV_LAYOUT_ENV}={chosen!r}: the CPU engine serves {' or '.join(CPU_KV_LAYOUTS)} "
+                             "(or auto, which picks v41 as SGLang does on a B300)")
+    return chosen
+
+
+def select_cpu_kv_layout() -> tuple[Any, None]:
+    from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
+
+    return KVLayout.parse(cpu_kv_layout_name()), None
+
+
+def around_reject_out_of_tree_path(original: Callable, platform: Any, *, subsystem: str) -> None:
+    if subsystem == DSV4_POOL_SUBSYSTEM:
+        return None
+    return original(platform, subsystem=subsystem)
+
+
+def no_forward_metadata(backend: Any, forward_batch: Any) -> None:
+    backend.forward_metadata = None
+    backend.tail_forward_metadata = None
+
+
+def base_snapshot_prefill_shared_reads(backend: Any, forward_batch: Any, *, num_qo_tokens: int) -> Any:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    return AttentionBackend._snapshot_prefill_shared_reads(backend, forward_batch, num_qo_tokens=num_qo_tokens)
+
+
+def cpu_device(*args: Any, **kwargs: Any) -> str:
+    return "cpu"
+
+
+def around_get_rope_wrapper(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    if kwargs.get("device") == "cpu":
+        kwargs["device"] = None
+    return original(*args, **kwargs)
+
+
+def no_mhc_prewarm(model: Any) -> None:
+    return None
+
+
+CPU_PATCHES: tuple[CpuPatch, ...] = (
+    CpuPatch("sglang.srt.mem_cache.kv_cache_configurator.reject_out_of_tree_path", "AROUND",
+             around_reject_out_of_tree_path, "build the DeepSeek-V4 pool on CPU"),
+    CpuPatch(f"{MEMORY_POOL}.select_dsv4_kv_layout", "REPLACE", select_cpu_kv_layout,
+             "v41 (B300's choice) or v4 by SGLANG_DSV4_KV_LAYOUT"),
+    CpuPatch(f"{ATTN_BACKEND}.init_forward_metadata", "REPLACE", no_forward_metadata,
+             "no FlashMLA / DeepGEMM metadata"),
+    CpuPatch(f"{ATTN_BACKEND}._snapshot_prefill_shared_reads", "REPLACE", base_snapshot_prefill_shared_reads,
+             "nothing to snapshot"),
+    CpuPatch("sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", "ATTRIBUTE",
+             False, "no pinned memory or CUDA events in P's send path"),
+    CpuPatch("sglang.srt.layers.rotary_embedding.rope_variant.get_device", "REPLACE", cpu_device,
+             "the rope factory's device lookup"),
+    CpuPatch("sglang.srt.layers.rotary_embedding.factory.get_rope_wrapper", "AROUND", around_get_rope_wrapper,
+             "the generic rope on CPU"),
+    CpuPatch("sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM._prewarm_mhc_kernels", "REPLACE",
+             no_mhc_prewarm, "no CUDA mHC prewarm"),
+)
+
+
+def _set_attribute(target: str, value: Any) -> None:
+    import importlib
+
+    module_path, cls_name, attr = target.rsplit(".", 2)
+    cls = getattr(importlib.import_module(module_path), cls_name)
+    if not hasattr(cls, attr):
+        raise RuntimeError(f"{target} does not exist: the pinned SGLang changed")
+    setattr(cls, attr, value)
+
+
+_applied = False
+
+
+def apply_cpu_patches() -> None:
+    """Registers and applies CPU_PATCHES in this process. Idempotent."""
+    global _applied
+    if _applied:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    cpu_kv_layout_name()  # a bad SGLANG_DSV4_KV_LAYOUT fails here, before any process starts serving
+    hooked = [p for p in CPU_PATCHES if p.kind != "ATTRIBUTE"]
+    for patch in hooked:
+        if patch.target not in HookRegistry._hooks:
+            HookRegistry.register(patch.target, patch.hook, HookType[patch.kind])
+    HookRegistry.apply_hooks()
+    missing = [p.target for p in hooked if p.target not in HookRegistry._patched]
+    if missing:
+        raise RuntimeError(f"sglang-asym could not apply its CPU patches to {missing} (see the log above)")
+    for patch in CPU_PATCHES:
+        if patch.kind == "ATTRIBUTE":
+            _set_attribute(patch.target, patch.hook)
+    _applied = True
+    log.info("sglang-asym: %d CPU patches applied to SGLang", len(CPU_PATCHES))

@@ -1,0 +1,28 @@
+"""The server-argument defaults of SGLang's engine on sglang-asym's CPU platform.
+
+Applied through the platform's `apply_server_args_defaults` (SGLang records them as the platform's
+declarations); a value the user gave on the command line is never replaced.
+  disable_cuda_graph                       True: no device graphs on CPU
+  disaggregation_decode_retraction_backup  cpu_tensor: the default host-pool backup sizes a HiCache
+                                           pool from free RAM and needs more than 10 GiB of it
+  max_total_tokens                         CPU_MAX_TOTAL_TOKENS: SGLang would otherwise size the pool
+                                           from a fraction of the whole machine's RAM
+  max_running_requests                     CPU_MAX_RUNNING: the V4 pool caps its SWA rings by it
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CPU_MAX_TOTAL_TOKENS = 16384
+CPU_MAX_RUNNING = 16
+
+
+def apply_cpu_defaults(server_args: Any) -> None:
+    server_args.disable_cuda_graph = True
+    if server_args.disaggregation_decode_retraction_backup is None:
+        server_args.disaggregation_decode_retraction_backup = "cpu_tensor"
+    if server_args.max_total_tokens is None:
+        server_args.max_total_tokens = CPU_MAX_TOTAL_TOKENS
+    if server_args.max_running_requests is None:
+        server_args.max_running_requests = CPU_MAX_RUNNING
