@@ -23,6 +23,15 @@ from sglang_asym.transfer.errors import EngineError, UnregisteredMemoryError
 from sglang_asym.transfer.loopback_common import (GroupSpec, churned_allocator, make_pools, manifest_from,
                                                   pattern_rows, wait_for)
 from sglang_asym.transfer.prefill_manager import PrefillTransferManager
+from sglang_asym.transfer.staging import copy_mode, scatter_rows
+
+
+def _copy_runs() -> dict:
+    try:
+        from sgl_kernel_ext.copy import RUNS
+    except ImportError:  # the package is optional for the numpy path
+        RUNS = {}
+    return {"copy_mode": copy_mode(), "kernel_runs": dict(RUNS)}
 
 
 class PrefillAgent:
@@ -178,6 +187,10 @@ class PrefillAgent:
     def entry_count(self, room: int) -> int:
         return len(self.written_entries(room)[2])
 
+    def copy_runs(self) -> dict:
+        """The staging copy mode of this process and the sgl_kernel_ext plans it ran, per backend."""
+        return _copy_runs()
+
     def close(self) -> None:
         self.manager.close()
         self.server.close()
@@ -245,6 +258,31 @@ class DecodeAgent:
                 untouched &= bool(np.array_equal(pools[name].array[mask], before[mask]))
         return {"mismatched_groups": bad, "untouched_ok": untouched,
                 "bytes_checked": int(sum(g.nbytes for g in rx.manifest.groups))}
+
+    def scatter_landed(self, room: int, seed: int) -> dict:
+        """Copy a staged room's landed rows into free slots of the decode pools through the staging
+        copy path ($SGLANG_ASYM_STAGING_COPY), check every byte there against the pattern and that no
+        other slot changed, then free the slots."""
+        rx = self.receivers[(room, "main")]
+        if not rx.staged:
+            raise RuntimeError(f"bootstrap_room={room} did not land in the landing buffer")
+        allocators = self.managers["main"].slots.allocators
+        bad, untouched, checked = [], True, 0
+        for g in rx.manifest.groups:
+            pool = self.pools["main"][g.name]
+            slots = allocators[g.name].allocate(g.num_rows)
+            try:
+                before = pool.array.copy()
+                scatter_rows(rx.rows(g.name), pool.tensor, slots, name=g.name)
+                if not np.array_equal(pool.array[slots], pattern_rows(seed, g.name, g.num_rows, g.row_bytes)):
+                    bad.append(g.name)
+                mask = np.ones(pool.num_slots, dtype=bool)
+                mask[slots] = False
+                untouched &= bool(np.array_equal(pool.array[mask], before[mask]))
+                checked += g.nbytes
+            finally:
+                allocators[g.name].free(slots)
+        return {"mismatched_groups": bad, "untouched_ok": untouched, "bytes_checked": checked, **_copy_runs()}
 
     def corrupt(self, room: int, group: str, row: int) -> None:
         """Flip the bytes of one row where P wrote it (a stray write on D)."""

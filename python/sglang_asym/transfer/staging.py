@@ -1,5 +1,15 @@
 """P's side of staged transfers (extents.py says why): a room's staging extent, the copy of
-rows into it as send_rows hands them over, and cutting the wire entries for the lanes.
+rows into it as send_rows hands them over, and cutting the wire entries for the lanes; and D's
+copy of landed rows into pool slots.
+
+The row copies (P's gather into the extent, D's scatter out of it) run on one of three paths,
+chosen per extent by `copy` or $SGLANG_ASYM_STAGING_COPY:
+  auto    sgl_kernel_ext's Triton kernel for CUDA pools; numpy's row copy for CPU pools
+  numpy   numpy's row copy (CPU pools)
+  torch   sgl_kernel_ext's torch reference
+  triton  sgl_kernel_ext's Triton kernel (compiled on CUDA, Triton's interpreter on CPU: slow, for tests)
+On CPU numpy stays the default: sgl_kernel_ext's torch reference moved a 1.1 MB room 3-10x slower
+here (plan build included; its intra-op threads also contend with the transport's), see docs/kernels.md.
 
 A staged room's rows keep their place in the extent until the room is dropped (terminal and no
 write task left), so a write never waits for a copy. A failed write can leave entries in flight
@@ -9,12 +19,14 @@ room's destination, which D quarantines.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from sglang_asym.manifest import PayloadManifest
-from sglang_asym.transfer.extents import ExtentBuffer, group_offsets
+from sglang_asym.transfer.extents import BLOCK, ExtentBuffer, group_offsets
 from sglang_asym.transfer.row_pool import RowPool
 
 # Mooncake's TCP transport moves a request on one of MC_TCP_LANES_PER_PEER lanes (4 by default),
@@ -24,6 +36,70 @@ from sglang_asym.transfer.row_pool import RowPool
 WRITE_PIECES = 4
 MIN_PIECE_BYTES = 512 << 10
 
+COPY_ENV = "SGLANG_ASYM_STAGING_COPY"
+COPY_MODES = ("auto", "numpy", "torch", "triton")
+
+
+def copy_mode(value: str | None = None) -> str:
+    """`value`, else $SGLANG_ASYM_STAGING_COPY, else "auto" (checked against COPY_MODES)."""
+    mode = value if value is not None else os.environ.get(COPY_ENV, "auto") or "auto"
+    if mode not in COPY_MODES:
+        raise ValueError(f"staging copy mode {mode!r} (from {'the caller' if value is not None else COPY_ENV}) "
+                         f"is not one of {COPY_MODES}")
+    return mode
+
+
+def _path(mode: str, device: torch.device) -> str:
+    if mode == "auto":
+        return "triton" if device.type == "cuda" else "numpy"
+    return mode
+
+
+def _row_sites(name: str, table: torch.Tensor, slots: np.ndarray):
+    from sgl_kernel_ext import PageLayout, RowSites
+    return RowSites.paged(name, table, PageLayout.rows(int(table.shape[1])), torch.from_numpy(slots).to(table.device))
+
+
+def _check_slots(slots: np.ndarray, table: torch.Tensor, name: str) -> None:
+    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= table.shape[0]):
+        raise ValueError(f"{name}: slot out of range for a table of {int(table.shape[0])} rows")
+
+
+def gather_rows(table: torch.Tensor, slots: np.ndarray, out: torch.Tensor, offset: int, mode: str | None = None,
+                name: str = "rows") -> None:
+    """Copy rows `slots` of `table` ([slots, row_bytes] uint8) into `out` (contiguous uint8) back to
+    back from byte `offset`, on the path `mode` names (None: $SGLANG_ASYM_STAGING_COPY or auto)."""
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    path = _path(copy_mode(mode), table.device)
+    if path == "numpy":
+        rb = int(table.shape[1])
+        if offset < 0 or offset + len(slots) * rb > out.numel():
+            raise ValueError(f"{name}: {len(slots)} rows of {rb} bytes do not fit {out.numel()} bytes at {offset}")
+        _check_slots(slots, table, name)
+        np.take(table.numpy(), slots, axis=0, out=out.reshape(-1)[offset:offset + len(slots) * rb].numpy()
+                .reshape(len(slots), rb))
+        return
+    from sgl_kernel_ext import gather
+    gather([_row_sites(name, table, slots)], out, offset, backend=path)
+
+
+def scatter_rows(rows: np.ndarray | torch.Tensor, table: torch.Tensor, slots: np.ndarray, mode: str | None = None,
+                 name: str = "rows") -> None:
+    """Copy `rows` ((n, row_bytes) uint8, e.g. Receiver.rows(group) of a staged room) into rows `slots`
+    of `table`, on the path `mode` names (None: $SGLANG_ASYM_STAGING_COPY or auto)."""
+    rows = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape != (len(slots), table.shape[1]):
+        raise ValueError(f"{name}: {tuple(rows.shape)} {rows.dtype} rows do not fit {len(slots)} slots of "
+                         f"{int(table.shape[1])} bytes")
+    path = _path(copy_mode(mode), table.device)
+    if path == "numpy":
+        _check_slots(slots, table, name)
+        table.numpy()[slots] = rows.numpy()
+        return
+    from sgl_kernel_ext import scatter
+    scatter(rows.contiguous(), [_row_sites(name, table, slots)], 0, backend=path)
+
 
 @dataclass(frozen=True)
 class StagingExtent:
@@ -32,11 +108,14 @@ class StagingExtent:
     buffer: ExtentBuffer
     blocks: np.ndarray
     offsets: dict[str, int]
+    copy: str = "auto"   # the copy path (COPY_MODES)
 
     @classmethod
-    def reserve(cls, buffer: ExtentBuffer, manifest: PayloadManifest) -> "StagingExtent | None":
+    def reserve(cls, buffer: ExtentBuffer, manifest: PayloadManifest, copy: str | None = None
+                ) -> "StagingExtent | None":
+        mode = copy_mode(copy)
         blocks = buffer.reserve(manifest.total_bytes)
-        return None if blocks is None else cls(buffer, blocks, group_offsets(manifest))
+        return None if blocks is None else cls(buffer, blocks, group_offsets(manifest), mode)
 
     def base(self, group: str) -> int:
         return self.buffer.address(self.blocks) + self.offsets[group]
@@ -47,10 +126,11 @@ class StagingExtent:
         return self.buffer.bytes_of(self.blocks)[at:at + (end - start) * row_bytes].reshape(end - start, row_bytes)
 
     def copy_in(self, pool: RowPool, group: str, slots: np.ndarray, start: int, end: int) -> None:
-        """Copy rows [start, end) of the group from their pool slots (numpy, not torch: torch's
-        intra-op threads wait on a core the transport needs)."""
+        """Copy rows [start, end) of the group from their pool slots (on CPU pools numpy by default, not
+        torch: torch's intra-op threads wait on a core the transport needs)."""
         if end > start:
-            np.take(pool.array, slots[start:end], axis=0, out=self.rows(group, pool.row_bytes, start, end))
+            at = int(self.blocks[0]) * BLOCK + self.offsets[group] + start * pool.row_bytes
+            gather_rows(pool.tensor, slots[start:end], self.buffer.pool.tensor, at, self.copy, group)
 
     def free(self) -> None:
         self.buffer.allocator.free(self.blocks)
