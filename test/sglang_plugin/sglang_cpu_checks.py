@@ -644,7 +644,42 @@ def intake(config_dir: str, window: str) -> dict:
     return report
 
 
-CHECKS = {"load": load, "payload": payload, "bootstrap": bootstrap, "intake": intake}
+def weights(checkpoint: str) -> dict:
+    """SGLang's loader fills its full V4.1 model (CPU patches applied as in a CPU-engine scheduler);
+    the reference model built from those parameters is compared, tensor by tensor, with the same
+    model read from the checkpoint by the project's own reader."""
+    from sglang_asym.config import V41Config
+    from sglang_asym.model.loading import model_from_checkpoint
+    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
+
+    cfg = V41Config.from_json_file(checkpoint)
+    with sglang_cpu_context():
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_loader import loader
+
+        from sglang_asym.sglang_plugin.cpu_patches import apply_cpu_patches
+        from sglang_asym.sglang_plugin.sglang_weights import reference_model_from_sglang
+
+        apply_cpu_patches()
+        model_config, load_config = ModelConfig(checkpoint), LoadConfig()
+        quant_config = loader._get_quantization_config(model_config, load_config)
+        default_loader = loader.DefaultModelLoader(load_config)
+        with torch.device("cpu"):
+            sglang_model = loader._initialize_model(model_config, load_config, quant_config)
+        default_loader.load_weights_only(sglang_model, default_loader._get_all_weights(model_config, sglang_model),
+                                         torch.device("cpu"))
+        ours = reference_model_from_sglang(sglang_model, cfg, checkpoint).state_dict()
+    expected = model_from_checkpoint(checkpoint, cache_quant="release").state_dict()
+    # gate.bias_vl routes vision tokens only: SGLang drops it, the reference keeps it zero
+    dropped = sorted(n for n in expected if n.endswith(".gate.bias_vl"))
+    differing = sorted(n for n in expected if n not in dropped and not _same_bits(ours[n], expected[n]))
+    return {"compared": len(expected), "same_keys": sorted(ours) == sorted(expected), "differing": differing[:20],
+            "num_differing": len(differing), "dropped": len(dropped),
+            "dropped_are_zero": all(not ours[n].any() for n in dropped)}
+
+
+CHECKS = {"load": load, "payload": payload, "bootstrap": bootstrap, "intake": intake, "weights": weights}
 
 if __name__ == "__main__":
     report = CHECKS[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,7 @@
+"""Entry point of `python -m sglang_asym.plan` (see plan/cli.py)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""The CPU step-time model: least-squares fits of the reference model's forward times measured on this machine.
+
+    step_s(d, ctx, s, w) = a + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
+    prefill_s(n)       = p0 + p1 * n + p2 * n^2, one fit per role (asym P = layers 0-20's path; full model)
+
+d decode rows (one token each) at mean context ctx, s window segments (new requests' window chunks) of w rows
+in all. On a CPU every row costs compute (no bandwidth-bound regime), so a step is linear in its rows; each
+request in a step also pays its own attention, compressor and indexer calls (c_decode, c_window). The fits come from
+benchmark/plan_cpu_steptime.py (benchmark/results/plan_cpu_steptime.json).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import PlanInputError
+from .steptime import Role, StepTimeModel
+
+STEP_TERMS = ("a", "c_decode", "c_window", "r_window", "b_ctx")
+PREFILL_TERMS = ("p0", "p1", "p2")
+
+
+def _lstsq(rows: list[list[float]], y: list[float], names: Sequence[str]) -> dict:
+    a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    if a.shape[0] < a.shape[1]:
+        raise PlanInputError(f"a fit of {len(names)} terms needs at least {len(names)} samples, got {a.shape[0]}")
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    pred = a @ coef
+    rel = np.abs(pred - b) / b
+    return {**{n: float(c) for n, c in zip(names, coef)}, "max_rel_residual": float(rel.max()),
+            "mean_rel_residual": float(rel.mean()), "samples": int(a.shape[0])}
+
+
+def fit_step(samples: Sequence[dict]) -> dict:
+    """Fit step_s from samples {decode_rows, ctx, window_segments, window_rows, seconds}."""
+    rows = [[1.0, s["decode_rows"], s["window_segments"], s["window_rows"], s["decode_rows"] * s["ctx"] / 1000]
+            for s in samples]
+    return _lstsq(rows, [s["seconds"] for s in samples], STEP_TERMS)
+
+
+def fit_prefill(samples: Sequence[dict]) -> dict:
+    """Fit prefill_s from samples {tokens, seconds} of one role."""
+    rows = [[1.0, s["tokens"], s["tokens"] ** 2] for s in samples]
+    return _lstsq(rows, [s["seconds"] for s in samples], PREFILL_TERMS)
+
+
+@dataclass(frozen=True)
+class CpuStepModel(StepTimeModel):
+    """Step times of the small preset on this CPU, one torch thread per server (what the benchmarks ran)."""
+
+    a: float
+    c_decode: float
+    c_window: float
+    r_window: float
+    b_ctx: float
+    prefill_p: tuple[float, float, float]  # asym P: layers 0-20's path
+    prefill_full: tuple[float, float, float]  # the full model (symmetric P, colocated prefix)
+    name: str = "cpu-small"
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "CpuStepModel":
+        data = json.loads(Path(path).read_text())
+        s, p = data["step_fit"], data["prefill_fit"]
+        return cls(*(s[k] for k in STEP_TERMS),
+                   tuple(p["prefill"][k] for k in PREFILL_TERMS), tuple(p["full"][k] for k in PREFILL_TERMS))
+
+    def decode_step_s(self, decode_contexts: Sequence[int], window_chunks: Sequence[int] = ()) -> float:
+        d, s, w = len(decode_contexts), len(window_chunks), sum(window_chunks)
+        if d == 0 and s == 0:
+            return 0.0
+        t = self.a + self.c_decode * d + self.c_window * s + self.r_window * w + self.b_ctx * sum(decode_contexts) / 1000
+        return max(t, 0.0)
+
+    def prefill_s(self, tokens: int, role: Role, context: int = 0) -> float:
+        """Seconds to run `tokens` prompt tokens after `context` earlier ones (the quadratic term is attention's
+        growth with the prefix, so a chunk at a context costs the difference of the two totals)."""
+        if tokens <= 0:
+            return 0.0
+        p0, p1, p2 = self._coefficients(role)
+        return max(p0 + self._growth(p1, p2, tokens, context), 0.0)
+
+    def prefill_step_s(self, segments: Sequence[tuple[int, int]], role: Role) -> float:
+        """Chunks of several prompts in one forward: one fixed cost, each chunk's own growth."""
+        segments = [(n, c) for n, c in segments if n > 0]
+        if not segments:
+            return 0.0
+        p0, p1, p2 = self._coefficients(role)
+        return max(p0 + sum(self._growth(p1, p2, n, c) for n, c in segments), 0.0)
+
+    def _coefficients(self, role: Role) -> tuple[float, float, float]:
+        return self.prefill_p if role in (Role.ASYM_P, Role.RFC_P) else self.prefill_full
+
+    @staticmethod
+    def _growth(p1: float, p2: float, tokens: int, context: int) -> float:
+        total = lambda n: p1 * n + p2 * n * n  # noqa: E731
+        return total(context + tokens) - total(context)
