@@ -19,7 +19,7 @@ from ..footprint import FitAssumptions, compressor_tail_bytes, engram_bytes, glo
 from .errors import PlanInputError
 from .gpus import GpuSpec
 from .steptime import Role
-from .transfer_model import _layer_plan
+from .transfer_model import layer_plan_of
 
 REPLICA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # divisors of the 384 routed experts (even EP)
 
@@ -39,7 +39,7 @@ def request_kv_bytes(role: Role, context_tokens: int, cfg: V41Config = V41Config
     if context_tokens < 0:
         raise PlanInputError(f"context must be >= 0 tokens, got {context_tokens}")
     swa_layers = (cfg.num_hidden_layers + cfg.num_nextn_predict_layers) if role is Role.FULL else cfg.last_kv_source
-    ratio2_owners = len(_layer_plan(cfg).ratio2_owners)  # P and D both hold the ratio-2 owners' tails
+    ratio2_owners = len(layer_plan_of(cfg).ratio2_owners)  # P and D both hold the ratio-2 owners' tails
     return (global_kv_bytes_per_token(cfg) * context_tokens
             + swa_layers * swa_row_bytes(cfg) * min(context_tokens, cfg.sliding_window)
             + ratio2_owners * compressor_tail_bytes(cfg))

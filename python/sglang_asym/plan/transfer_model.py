@@ -40,13 +40,13 @@ class Mode(str, Enum):
 
 
 @lru_cache(maxsize=4)
-def _layer_plan(cfg: V41Config) -> LayerPlan:
+def layer_plan_of(cfg: V41Config) -> LayerPlan:
     return LayerPlan.from_config(cfg)
 
 
 def _split(cfg: V41Config, prompt_len: int) -> SplitPlan:
     split = SplitPlan(cfg, prompt_len, WINDOW)
-    split.__dict__["plan"] = _layer_plan(cfg)  # seed the cached_property: building a LayerPlan takes ~0.2 s
+    split.__dict__["plan"] = layer_plan_of(cfg)  # seed the cached_property: building a LayerPlan takes ~0.2 s
     return split
 
 
