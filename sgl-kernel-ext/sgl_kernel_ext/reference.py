@@ -1,10 +1,12 @@
-"""The torch reference of a copy plan: index ops, one gather and one indexed store per (source
-buffer, destination buffer, segment length), through overlapping-window views of the buffers
-(window i of a length-L view is bytes [i, i + L)), so no per-byte index is built; where all
-offsets of a class share their residue modulo L, plain non-overlapping rows instead (faster).
-
-Every source window is read before anything of the same class is written; plans never overlap
-sources with destinations (plan.py refuses it), so the order of classes does not matter.
+"""The torch reference of a copy plan: index ops, one gather and one store per (source buffer,
+destination buffer, segment length) class, through [k, L] views of the flat buffers, so no per-byte
+index is built. The view of one side of a class is, the first that applies:
+  - a strided view when the offsets step evenly (a group's rows in wire order): a plain copy;
+  - the plain rows of the buffer when every offset has the same residue modulo L (a row table, or one
+    part of a page layout whose page size is a multiple of L): indexed by row;
+  - the overlapping windows of every start byte (window i is bytes [i, i + L)): indexed by byte.
+Every source row of a class is read before its destinations are written; plans never overlap sources
+with destinations (plan.py refuses it), so the order of classes does not matter.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ import torch
 from .plan import CopyPlan
 
 
-def _rows(flat: torch.Tensor, length: int, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A [k, length] view of `flat` and the row of each offset in it: plain rows when every offset
-    sits at the same residue modulo `length` (a row table, or one part of a strided page layout),
-    else the overlapping windows of every start byte."""
+def _view(flat: torch.Tensor, length: int, offsets: torch.Tensor, write: bool
+          ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """([k, length] view, row of each offset in it or None when the view is already in order,
+    whether the view's rows are disjoint)."""
+    n, first = offsets.numel(), int(offsets[0])
+    step = int(offsets[1] - offsets[0]) if n > 1 else length
+    if step >= (length if write else 0) and (n == 1 or bool((offsets[1:] - offsets[:-1] == step).all())):
+        return flat.as_strided((n, length), (step, 1), first), None, step >= length
     residue = offsets % length
     c = int(residue[0])
     if bool((residue == c).all()):
         k = (flat.numel() - c) // length
-        return flat[c:c + k * length].view(k, length), (offsets - c) // length
-    return flat.as_strided((flat.numel() - length + 1, length), (1, 1)), offsets
+        return flat[c:c + k * length].view(k, length), (offsets - c) // length, True
+    return flat.as_strided((flat.numel() - length + 1, length), (1, 1)), offsets, length == 1
 
 
 def run_reference(plan: CopyPlan) -> None:
@@ -38,9 +44,14 @@ def run_reference(plan: CopyPlan) -> None:
         classes = []
         for k, idx in zip(uniq.tolist(), torch.split(order, counts.tolist())):
             src_buf, dst_buf, length = k // longest // num_dst, k // longest % num_dst, k % longest
-            src_view, src_rows = _rows(plan.src_buffers[src_buf], length, plan.src_off[idx])
-            dst_view, dst_rows = _rows(plan.dst_buffers[dst_buf], length, plan.dst_off[idx])
-            classes.append((src_view, src_rows, dst_view, dst_rows))
+            classes.append(_view(plan.src_buffers[src_buf], length, plan.src_off[idx], write=False)
+                           + _view(plan.dst_buffers[dst_buf], length, plan.dst_off[idx], write=True))
         plan.cache["reference"] = classes
-    for src_view, src_rows, dst_view, dst_rows in classes:
-        dst_view.index_put_((dst_rows,), src_view.index_select(0, src_rows))
+    for src_view, src_rows, _, dst_view, dst_rows, dst_disjoint in classes:
+        rows = src_view if src_rows is None else src_view.index_select(0, src_rows)
+        if dst_rows is None:
+            dst_view.copy_(rows)
+        elif dst_disjoint:
+            dst_view.index_copy_(0, dst_rows, rows)
+        else:   # overlapping windows: index_copy_ refuses them, index_put_ writes each row where told
+            dst_view.index_put_((dst_rows,), rows)

@@ -131,3 +131,31 @@ def test_long_runs_are_cut_into_pieces_and_odd_alignments_fall_back_to_bytes() -
     assert n.tolist() == [1024] * 5 + [680, 145, 145]         # the 40-row run cut at 1024 words
     assert src.tolist() == [725 + 1024 * k for k in range(6)] + [145, 0]
     assert dst.tolist() == [1024 * k for k in range(6)] + [5800, 5945]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_arbitrary_segments_between_several_buffers(seed: int) -> None:
+    """A plan not made by gather_plan: random lengths and offsets (odd ones included) from three source
+    buffers into two destination buffers, destinations disjoint; both backends equal a plain loop."""
+    gen = torch.Generator().manual_seed(seed)
+    srcs = tuple(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen) for n in (5000, 777, 3000))
+    n = 200
+    length = torch.randint(1, 40, (n,), generator=gen)
+    src_buf = torch.randint(0, 3, (n,), generator=gen)
+    src_off = torch.stack([torch.randint(0, srcs[b].numel() - int(m) + 1, (1,), generator=gen)[0]
+                           for b, m in zip(src_buf.tolist(), length.tolist())])
+    dst_buf = torch.randint(0, 2, (n,), generator=gen)
+    dst_off = torch.zeros(n, dtype=torch.int64)
+    at = [0, 0]
+    for i, (b, m) in enumerate(zip(dst_buf.tolist(), length.tolist())):   # disjoint, with random gaps
+        at[b] += int(torch.randint(0, 5, (1,), generator=gen))
+        dst_off[i] = at[b]
+        at[b] += m
+    expected = [torch.zeros(at[0] + 3, dtype=torch.uint8), torch.zeros(at[1] + 3, dtype=torch.uint8)]
+    for i in range(n):
+        d, s, m = int(dst_off[i]), int(src_off[i]), int(length[i])
+        expected[int(dst_buf[i])][d:d + m] = srcs[int(src_buf[i])][s:s + m]
+    for backend in ("torch", "triton"):
+        dsts = (torch.zeros_like(expected[0]), torch.zeros_like(expected[1]))
+        run_plan(CopyPlan(srcs, dsts, src_buf, src_off, dst_buf, dst_off, length), backend)
+        assert torch.equal(dsts[0], expected[0]) and torch.equal(dsts[1], expected[1]), backend
