@@ -7,13 +7,16 @@
 #    replays equal to eager and to the uncaptured function, 128-row window and mixed steps replay equal
 #    to eager, and the reference model on CUDA equals it on CPU (test/model/test_graph_runner_cuda.py),
 #    plus the CPU graph-runner and decode-graph tests on that machine;
-# 2. eager vs graph-replay timings per decode bucket on the small preset (benchmark/graph_timing.py).
+# 2. eager vs graph-replay timings per decode bucket on the small preset (benchmark/graph_timing.py);
+# 3. sgl-kernel-ext's gather/scatter kernels: CUDA tests, then GB/s against the memory-bandwidth floor
+#    (benchmark/kernels.py -> benchmark/results/kernels_gpu.json).
 # It uses the machine's own python3, which holds a CUDA build of PyTorch (a venv made here holds a CPU
 # build and would not help; the machine cannot download): this checkout's package and tests are put
 # on PYTHONPATH, nothing is installed. Results: benchmark/results/gpu_check.json, and where $OUT is set
 # (the device tool's result folder) a copy of it and the logs, to be copied back into the repo.
 # GPU_CHECK_DRY_RUN=1 GPU_CHECK_PYTHON=.venv/bin/python rehearses the whole script on CPU (CUDA tests
-# skip, tiny timing to /tmp) before spending device time.
+# skip, tiny timing to /tmp) before spending device time. GPU_CHECK_ONLY=kernels runs section 3 alone
+# (~2 min: run(command="GPU_CHECK_ONLY=kernels bash scripts/gpu_check.sh", timeout_s=420)).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${GPU_CHECK_PYTHON:-python3}
@@ -36,19 +39,47 @@ else
   fi
 fi
 
-start=$SECONDS
-timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=10 \
-  test/model/test_graph_runner_cuda.py test/model/test_graph_runner.py test/model/test_decode_graph.py 2>&1 | tee "$LOGS/gpu_tests.log"
-tests_rc=${PIPESTATUS[0]}
-echo "gpu_check: tests rc=$tests_rc in $((SECONDS - start)) s"
+tests_rc=0 timing_rc=0
+if [ "${GPU_CHECK_ONLY:-all}" != kernels ]; then   # GPU_CHECK_ONLY=kernels runs section 3 alone
+  start=$SECONDS
+  timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=10 \
+    test/model/test_graph_runner_cuda.py test/model/test_graph_runner.py test/model/test_decode_graph.py 2>&1 | tee "$LOGS/gpu_tests.log"
+  tests_rc=${PIPESTATUS[0]}
+  echo "gpu_check: tests rc=$tests_rc in $((SECONDS - start)) s"
 
-start=$SECONDS
-timeout "$TIMING_TIMEOUT" "$PY" benchmark/graph_timing.py "${TIMING_ARGS[@]}" --out "$RESULT" 2>&1 \
-  | tee "$LOGS/gpu_timing.log"
-timing_rc=${PIPESTATUS[0]}
-echo "gpu_check: timing rc=$timing_rc in $((SECONDS - start)) s"
-if [ -n "${OUT:-}" ] && [ -f "$RESULT" ]; then
-  cp "$RESULT" "$OUT/"
+  start=$SECONDS
+  timeout "$TIMING_TIMEOUT" "$PY" benchmark/graph_timing.py "${TIMING_ARGS[@]}" --out "$RESULT" 2>&1 \
+    | tee "$LOGS/gpu_timing.log"
+  timing_rc=${PIPESTATUS[0]}
+  echo "gpu_check: timing rc=$timing_rc in $((SECONDS - start)) s"
+  if [ -n "${OUT:-}" ] && [ -f "$RESULT" ]; then
+    cp "$RESULT" "$OUT/"
+  fi
 fi
 
-[ "$tests_rc" = 0 ] && [ "$timing_rc" = 0 ]
+# 3. sgl-kernel-ext (the payload's gather/scatter kernels): the compiled Triton kernel against the torch
+#    reference byte for byte (test/kernels/test_kernels_cuda.py, plus the interpreter tests beside it),
+#    then achieved GB/s against the memory-bandwidth floor (a contiguous device copy of the same bytes,
+#    and the nominal HBM bandwidth) for the Flash manifest at N in {2K, 32K, 128K}, v41 and v4 layouts,
+#    with the host CRC32C cost after a device-to-host copy (benchmark/kernels.py; ~1-2 min).
+KERNELS_RESULT=benchmark/results/kernels_gpu.json
+KERNELS_ARGS=(--device cuda --backends triton,torch --tokens 2048,32768,131072 --reps 10)
+KERNELS_TIMEOUT=${GPU_CHECK_KERNELS_TIMEOUT:-240}
+if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+  KERNELS_RESULT=/tmp/kernels_gpu_dry_run.json
+  KERNELS_ARGS=(--device cpu --backends torch,triton --tokens 2048 --reps 1)
+fi
+export PYTHONPATH="$PWD/sgl-kernel-ext:$PYTHONPATH"
+start=$SECONDS
+timeout "$KERNELS_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider \
+  test/kernels/test_kernels_cuda.py test/kernels/test_kernels_copy.py 2>&1 | tee "$LOGS/kernels_tests.log"
+kernels_tests_rc=${PIPESTATUS[0]}
+timeout "$KERNELS_TIMEOUT" "$PY" benchmark/kernels.py "${KERNELS_ARGS[@]}" --out "$KERNELS_RESULT" 2>&1 \
+  | tee "$LOGS/kernels_timing.log"
+kernels_timing_rc=${PIPESTATUS[0]}
+echo "gpu_check: kernels tests rc=$kernels_tests_rc, timing rc=$kernels_timing_rc in $((SECONDS - start)) s"
+if [ -n "${OUT:-}" ] && [ -f "$KERNELS_RESULT" ]; then
+  cp "$KERNELS_RESULT" "$OUT/"
+fi
+
+[ "$tests_rc" = 0 ] && [ "$timing_rc" = 0 ] && [ "$kernels_tests_rc" = 0 ] && [ "$kernels_timing_rc" = 0 ]
