@@ -142,6 +142,41 @@ def measure(cfg: V41Config, n_tokens: int, main: str, device: torch.device, back
     return row
 
 
+def staging_paths(reps: int) -> list[dict]:
+    """The transfer layer's staging copy (transfer/staging.py gather_rows) of one room of the staged
+    transfer tests (4097 tokens: 3.5 MB in 9 groups of 68-4096 byte rows, from churned slot tables) on
+    each CPU path, plan building included (a room's ranges are planned as they are handed over)."""
+    import numpy as np
+
+    from sglang_asym.transfer.staging import gather_rows
+
+    rng = np.random.default_rng(0)
+    b = 4097 - 128
+    groups = [(f"L{o}.{k}", rb, b // 2) for o in (2, 8, 14) for k, rb in (("kv", 288), ("index", 68))]
+    groups += [("L20.kv", 288, b), ("L20.index", 68, b), ("tails", 4096, 3)]
+    tables = {name: torch.from_numpy(rng.integers(0, 256, (8192, rb), dtype=np.uint8)) for name, rb, _ in groups}
+    slots = {name: np.concatenate([np.arange(s, s + 37) for s in rng.permutation(8192 // 37)[:-(-n // 37)] * 37])[:n]
+             for name, _, n in groups}
+    total = sum(rb * n for _, rb, n in groups)
+    out = torch.zeros(total, dtype=torch.uint8)
+    rows = []
+    for mode, threads in (("numpy", 1), ("torch", 1), ("torch", 2)):
+        torch.set_num_threads(threads)
+
+        def copy():
+            at = 0
+            for name, rb, n in groups:
+                gather_rows(tables[name], slots[name], out, at, mode, name)
+                at += rb * n
+        seconds = _timed(copy, torch.device("cpu"), reps)
+        rows.append({"mode": mode, "torch_threads": threads, "bytes": total, "seconds": seconds,
+                     "gbps": total / seconds / 1e9})
+        print(f"[kernels] staging copy {mode} ({threads} torch threads): {seconds * 1e3:.2f} ms for "
+              f"{total / 1e6:.2f} MB", flush=True)
+    torch.set_num_threads(1)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -153,13 +188,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1: the transfer layer's copy runs on one core; OpenMP teams "
                          "on a shared 2-core machine measure the neighbours)")
+    ap.add_argument("--staging-only", action="store_true",
+                    help="time the transfer layer's staging copy paths on CPU instead (numpy, torch reference)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     backends = args.backends.split(",")
     cfg = V41Config.flash()
     rows = []
-    for main_layout in args.layouts.split(","):
+    if args.staging_only:
+        rows = staging_paths(args.reps)
+    for main_layout in ([] if args.staging_only else args.layouts.split(",")):
         for n in (int(t) for t in args.tokens.split(",")):
             row = measure(cfg, n, main_layout, device, backends, args.reps)
             rows.append(row)
