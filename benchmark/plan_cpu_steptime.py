@@ -6,7 +6,8 @@ and the full model for a few prompt lengths. Then fits, by least squares:
 
 Times are the measuring thread's CPU seconds (the cores are shared with other work).
 
-  step_s = a + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
+  step_s = a + c_expert * E(d + w) + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
+  (E(T): expected distinct routed experts T rows select)
   prefill_s(n)   = p0 + p1 * n + p2 * n^2   (one fit per role: asym P, full model; chunks of 1024 as the servers)
 
 and writes benchmark/results/plan_cpu_steptime.json (the samples, the fits, their residuals, the command).
@@ -116,13 +117,27 @@ def measure_prefill(models: Models, seed: int, log) -> list[dict]:
     return out
 
 
+def fits(steps: list[dict], prefills: list[dict]) -> dict:
+    cfg = V41Config.small()
+    return {"step_fit": fit_step(steps, cfg.n_routed_experts, cfg.num_experts_per_tok),
+            "prefill_fit": {role: fit_prefill([p for p in prefills if p["role"] == role]) for role in ("prefill", "full")}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the servers run with 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "plan_cpu_steptime.json")
+    parser.add_argument("--refit", action="store_true", help="refit the samples already in --out (no measuring)")
     args = parser.parse_args()
+    if args.refit:
+        result = json.loads(args.out.read_text())
+        result.update(fits(result["step_samples"], result["prefill_samples"]))
+        result["refit_command"] = "python " + " ".join(sys.argv)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: result[k] for k in ("step_fit", "prefill_fit")}, indent=1))
+        return 0
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     models = Models.build(V41Config.small(), args.seed, cache_quant="release")
@@ -130,18 +145,15 @@ def main() -> int:
     with torch.inference_mode():
         steps = measure(models, args.reps, args.seed, log)
         prefills = measure_prefill(models, args.seed, log)
-    step_fit = fit_step(steps)
-    prefill_fit = {role: fit_prefill([p for p in prefills if p["role"] == role]) for role in ("prefill", "full")}
     result = {
         "command": "python " + " ".join(sys.argv),
         "config": "small", "device": "cpu", "threads": args.threads, "reps": args.reps,
-        "step_samples": steps, "prefill_samples": prefills,
-        "step_fit": step_fit, "prefill_fit": prefill_fit,
+        "step_samples": steps, "prefill_samples": prefills, **fits(steps, prefills),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({"step_fit": step_fit, "prefill_fit": prefill_fit, "wall_s": result["wall_s"]}, indent=1))
+    print(json.dumps({k: result[k] for k in ("step_fit", "prefill_fit", "wall_s")}, indent=1))
     return 0
 
 

@@ -8,17 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_asym.plan.cpu_model import CpuStepModel, fit_prefill, fit_step
+from sglang_asym.plan.cpu_model import CpuStepModel, experts_touched, fit_prefill, fit_step
 from sglang_asym.plan.errors import PlanInputError
 from sglang_asym.plan.gpu_model import Efficiency, GpuStepModel
 from sglang_asym.plan.gpus import gpu
 from sglang_asym.plan.steptime import Role
 
-TRUE = dict(a=0.07, c_decode=0.016, c_window=0.08, r_window=0.002, b_ctx=0.004)
+TRUE = dict(a=0.07, c_expert=0.005, c_decode=0.016, c_window=0.08, r_window=0.002, b_ctx=0.004)
 
 
 def _step(d: int, ctx: int, s: int, w: int) -> float:
-    return TRUE["a"] + TRUE["c_decode"] * d + TRUE["c_window"] * s + TRUE["r_window"] * w + TRUE["b_ctx"] * d * ctx / 1000
+    return TRUE["a"] + TRUE["c_expert"] * experts_touched(d + w, 128, 2) + TRUE["c_decode"] * d + TRUE["c_window"] * s + TRUE["r_window"] * w + TRUE["b_ctx"] * d * ctx / 1000
 
 
 def test_step_fit_recovers_coefficients() -> None:
@@ -26,10 +26,10 @@ def test_step_fit_recovers_coefficients() -> None:
               (16, 256, 1, 8), (4, 1024, 1, 32)]
     samples = [{"decode_rows": d, "ctx": c, "window_segments": s, "window_rows": w, "seconds": _step(d, c, s, w)}
                for d, c, s, w in shapes]
-    fit = fit_step(samples)
+    fit = fit_step(samples, 128, 2)
     for k, v in TRUE.items():
         assert fit[k] == pytest.approx(v, abs=1e-9)
-    assert fit["max_rel_residual"] < 1e-9 and fit["samples"] == 8
+    assert fit["max_rel_residual"] < 1e-9 and fit["samples"] == 8 and (fit["experts"], fit["top_k"]) == (128, 2)
 
 
 def test_prefill_fit_and_model(tmp_path) -> None:
@@ -38,7 +38,8 @@ def test_prefill_fit_and_model(tmp_path) -> None:
     fit = fit_prefill(samples)
     assert (fit["p0"], fit["p1"], fit["p2"]) == pytest.approx(p, rel=1e-6)
     path = tmp_path / "fit.json"
-    path.write_text(json.dumps({"step_fit": {**TRUE}, "prefill_fit": {"prefill": fit, "full": fit}}))
+    path.write_text(json.dumps({"step_fit": {**TRUE, "experts": 128, "top_k": 2},
+                                "prefill_fit": {"prefill": fit, "full": fit}}))
     model = CpuStepModel.from_json(path)
     assert model.decode_step_s([256] * 16, [8]) == pytest.approx(_step(16, 256, 1, 8))
     assert model.decode_step_s([], []) == 0.0
@@ -50,6 +51,11 @@ def test_prefill_fit_and_model(tmp_path) -> None:
 
 
 B300 = gpu("B300")
+
+
+def test_cpu_occupancy_by_hand() -> None:
+    assert experts_touched(1, 128, 2) == pytest.approx(2)
+    assert experts_touched(16, 128, 2) == pytest.approx(128 * (1 - (126 / 128) ** 16))
 
 
 def test_expert_occupancy_by_hand() -> None:

@@ -1,16 +1,19 @@
 """The CPU step-time model: least-squares fits of the reference model's forward times measured on this machine.
 
-    step_s(d, ctx, s, w) = a + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
+    step_s(d, ctx, s, w) = a + c_expert * E(d + w) + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
     prefill_s(n)       = p0 + p1 * n + p2 * n^2, one fit per role (asym P = layers 0-20's path; full model)
 
 d decode rows (one token each) at mean context ctx, s window segments (new requests' window chunks) of w rows
 in all. On a CPU every row costs compute (no bandwidth-bound regime), so a step is linear in its rows; each
-request in a step also pays its own attention, compressor and indexer calls (c_decode, c_window). The fits come from
-benchmark/plan_cpu_steptime.py (benchmark/results/plan_cpu_steptime.json).
+request in a step also pays its own attention, compressor and indexer calls (c_decode, c_window), and every
+routed expert the step's rows select is one more expert call: E(T) = experts * (1 - (1 - k / experts)^T) is the
+expected number of distinct experts T rows touch (the same occupancy the GPU model uses for expert reads). The fits come from
+benchmark/plan_cpu_steptime.py (benchmark/results/plan_cpu_steptime.json), with every coefficient >= 0.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,26 +24,49 @@ import numpy as np
 from .errors import PlanInputError
 from .steptime import Role, StepTimeModel
 
-STEP_TERMS = ("a", "c_decode", "c_window", "r_window", "b_ctx")
+STEP_TERMS = ("a", "c_expert", "c_decode", "c_window", "r_window", "b_ctx")
 PREFILL_TERMS = ("p0", "p1", "p2")
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a time cannot shrink with more work), exactly: the best of
+    the unconstrained fits over every subset of the terms whose coefficients all come out >= 0 (few terms)."""
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(b * b))
+    for subset in itertools.product((False, True), repeat=a.shape[1]):
+        cols = [i for i, keep in enumerate(subset) if keep]
+        if not cols:
+            continue
+        coef, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if np.any(coef < 0):
+            continue
+        err = float(np.sum((a[:, cols] @ coef - b) ** 2))
+        if err < best_err - 1e-15:
+            best, best_err = np.zeros(a.shape[1]), err
+            best[cols] = coef
+    return best
 
 
 def _lstsq(rows: list[list[float]], y: list[float], names: Sequence[str]) -> dict:
     a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
     if a.shape[0] < a.shape[1]:
         raise PlanInputError(f"a fit of {len(names)} terms needs at least {len(names)} samples, got {a.shape[0]}")
-    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    coef = _nonnegative_lstsq(a, b)
     pred = a @ coef
     rel = np.abs(pred - b) / b
     return {**{n: float(c) for n, c in zip(names, coef)}, "max_rel_residual": float(rel.max()),
             "mean_rel_residual": float(rel.mean()), "samples": int(a.shape[0])}
 
 
-def fit_step(samples: Sequence[dict]) -> dict:
+def experts_touched(rows: int, experts: int, top_k: int) -> float:
+    """Expected distinct routed experts that `rows` tokens select, k of E each, uniformly."""
+    return experts * (1 - (1 - top_k / experts) ** rows)
+
+
+def fit_step(samples: Sequence[dict], experts: int, top_k: int) -> dict:
     """Fit step_s from samples {decode_rows, ctx, window_segments, window_rows, seconds}."""
-    rows = [[1.0, s["decode_rows"], s["window_segments"], s["window_rows"], s["decode_rows"] * s["ctx"] / 1000]
-            for s in samples]
-    return _lstsq(rows, [s["seconds"] for s in samples], STEP_TERMS)
+    rows = [[1.0, experts_touched(s["decode_rows"] + s["window_rows"], experts, top_k), s["decode_rows"],
+             s["window_segments"], s["window_rows"], s["decode_rows"] * s["ctx"] / 1000] for s in samples]
+    return {**_lstsq(rows, [s["seconds"] for s in samples], STEP_TERMS), "experts": experts, "top_k": top_k}
 
 
 def fit_prefill(samples: Sequence[dict]) -> dict:
@@ -54,12 +80,15 @@ class CpuStepModel(StepTimeModel):
     """Step times of the small preset on this CPU, one torch thread per server (what the benchmarks ran)."""
 
     a: float
+    c_expert: float
     c_decode: float
     c_window: float
     r_window: float
     b_ctx: float
     prefill_p: tuple[float, float, float]  # asym P: layers 0-20's path
     prefill_full: tuple[float, float, float]  # the full model (symmetric P, colocated prefix)
+    experts: int = 128  # the small preset's routed experts and experts per token
+    top_k: int = 2
     name: str = "cpu-small"
 
     @classmethod
@@ -67,13 +96,14 @@ class CpuStepModel(StepTimeModel):
         data = json.loads(Path(path).read_text())
         s, p = data["step_fit"], data["prefill_fit"]
         return cls(*(s[k] for k in STEP_TERMS),
-                   tuple(p["prefill"][k] for k in PREFILL_TERMS), tuple(p["full"][k] for k in PREFILL_TERMS))
+                   tuple(p["prefill"][k] for k in PREFILL_TERMS), tuple(p["full"][k] for k in PREFILL_TERMS),
+                   experts=s["experts"], top_k=s["top_k"])
 
     def decode_step_s(self, decode_contexts: Sequence[int], window_chunks: Sequence[int] = ()) -> float:
         d, s, w = len(decode_contexts), len(window_chunks), sum(window_chunks)
         if d == 0 and s == 0:
             return 0.0
-        t = self.a + self.c_decode * d + self.c_window * s + self.r_window * w + self.b_ctx * sum(decode_contexts) / 1000
+        t = self.a + self.c_expert * experts_touched(d + w, self.experts, self.top_k) + self.c_decode * d + self.c_window * s + self.r_window * w + self.b_ctx * sum(decode_contexts) / 1000
         return max(t, 0.0)
 
     def prefill_s(self, tokens: int, role: Role, context: int = 0) -> float:

@@ -13,6 +13,7 @@ GPUs (EP G). One step of one rank:
   comm   = EP dispatch (FP8) + combine (BF16) of each row's k expert copies per layer, over NVLink when the
            replica sits in one domain, else over the scale-out NICs (not overlapped: conservative)
   step_s = max(bytes / (HBM B/s * MBU), flops / MFU-scaled peak) + comm + fixed overhead
+A prefill forward of T tokens is the same formula for T / G rows per GPU (the replica's GPUs share them).
 
 MBU and MFU are the efficiency assumptions of docs/planning.md (public ranges for MoE serving), not fits.
 """
@@ -120,30 +121,26 @@ class GpuStepModel(StepTimeModel):
         return self._step(role, rows, kv, flops, self.efficiency.step_overhead_s)
 
     def prefill_s(self, tokens: int, role: Role, context: int = 0) -> float:
-        if tokens <= 0:
-            return 0.0
-        p = self.profile
-        mid = context + tokens // 2  # attention cost of the chunk at its mean context
-        flops = tokens * p.attention_flops(mid, role)
-        # A chunk's K/V tiles are read once per query tile: small next to the weights and the FLOPs.
-        return self._step(role, tokens, 0.0, flops, self.efficiency.prefill_overhead_s)
+        return self.prefill_step_s([(tokens, context)], role)
 
     def prefill_step_s(self, segments: Sequence[tuple[int, int]], role: Role) -> float:
-        """Several prompts' chunks in one forward: the weights are read once for all of them."""
+        """Several prompts' chunks in one forward of the replica: its G GPUs share the tokens (each GPU computes
+        tokens / G rows; attention at each chunk's mean context) and read the weights once for all of them. A
+        chunk's K/V tiles are read once per query tile: small next to the weights and the FLOPs."""
         segments = [(n, c) for n, c in segments if n > 0]
         if not segments:
             return 0.0
         p = self.profile
-        tokens = sum(n for n, _ in segments)
-        flops = sum(n * p.attention_flops(c + n // 2, role) for n, c in segments)
-        return self._step(role, tokens, 0.0, flops, self.efficiency.prefill_overhead_s)
+        rows = sum(n for n, _ in segments) / self.gpus
+        flops = sum(n * p.attention_flops(c + n // 2, role) for n, c in segments) / self.gpus
+        return self._step(role, rows, 0.0, flops, self.efficiency.prefill_overhead_s)
 
     # ---- throughput figures ---------------------------------------------------------------------------------
     def prefill_tokens_per_gpu_s(self, role: Role, chunk: int = 8192, prompt: int = 8192) -> float:
-        """Prefill tokens per second per GPU at full chunks (one chunk of each rank per step)."""
+        """Prefill tokens per second per GPU for prompts of `prompt` tokens in chunks of `chunk`."""
         steps = -(-prompt // chunk)
         total = sum(self.prefill_s(min(chunk, prompt - i * chunk), role, i * chunk) for i in range(steps))
-        return prompt / total
+        return prompt / total / self.gpus
 
     def decode_tokens_per_gpu_s(self, batch_per_rank: int, context: int) -> float:
         return batch_per_rank / self.decode_step_s([context] * batch_per_rank)

@@ -6,7 +6,8 @@ Sizing, per mode (docs/planning.md has the derivation):
      SLO, capped by the scheduler's max_running and the replica's KV space; ranks needed by Little's law
      (rate x output tokens x step time / batch), at `decode_utilization`.
   P: prefill GPU-seconds per request from the role's tokens/s per GPU; replicas at a utilisation low enough
-     that the M/D/1 queueing wait plus the prefill, the exposed transfer and D's window steps meet the TTFT SLO.
+     that the p99 queueing wait (M/G/1, exponential tail) plus the p99 prompt's prefill, transfer and D's
+     window steps meet the TTFT SLO.
   Colocated: one pool of full replicas doing both, prefill folded into the steps.
 A serving unit is the smallest whole number of P and D replicas in the needed ratio; under same-domain
 placement it must fit one scale-up domain.
@@ -130,9 +131,16 @@ def size_decode(gpu: GpuSpec, mode: Mode, context: int, slo: Slo, options: PlanO
     return DecodeSizing(gpus, b, step, worst(b), b / step, limited)
 
 
-def _mdl_wait(rho: float, service_s: float) -> float:
-    """M/D/1 mean wait in queue."""
-    return rho / (2 * (1 - rho)) * service_s
+def _wait_mean(rho: float, mean_s: float, second_moment: float) -> float:
+    """M/G/1 mean wait in queue (Pollaczek-Khinchine): rho * E[S^2] / (2 E[S] (1 - rho))."""
+    return rho * second_moment / (2 * mean_s * (1 - rho)) if mean_s > 0 else 0.0
+
+
+def _wait_p99(rho: float, mean_s: float, second_moment: float) -> float:
+    """p99 wait of an M/G/1 queue with an exponential tail: P(wait > 0) = rho, conditional mean W / rho."""
+    if rho <= 0.01 or mean_s <= 0:
+        return 0.0
+    return _wait_mean(rho, mean_s, second_moment) / rho * math.log(rho / 0.01)
 
 
 def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode | str,
@@ -190,20 +198,27 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
         p_fit = min_replica_gpus(role, gpu, int(st["mean_prompt"]), 1, options.fit)
         p_gpus = p_fit.gpus
     p_model = GpuStepModel(gpu, p_gpus, role, options.efficiency)
-    rp = p_model.prefill_tokens_per_gpu_s(role, options.prefill_chunk, max(int(p_tokens), 1)) if p_tokens else math.inf
-    p_service = p_model.prefill_s(int(p_tokens), role) if p_tokens else 0.0  # one request alone on a replica
+    # a loaded P packs several prompts into full chunks: GPU-seconds at that rate (TTFT uses one prompt alone)
+    rp = p_model.prefill_tokens_per_gpu_s(role, options.prefill_chunk, options.prefill_chunk) if p_tokens else math.inf
+    # service time of each sampled prompt alone on a replica: its mean, second moment and p99 (M/G/1 queueing)
+    services = sorted(p_model.prefill_s(prefill_tokens(mode, p), role) for p, _ in st["pairs"])
+    p_service = sum(services) / len(services)
+    p_service_sq = sum(x * x for x in services) / len(services)
+    p_service_p99 = services[min(len(services) - 1, int(0.99 * len(services)))]
     link = link_for(gpu, options.placement, 0, domain)
     mean_bytes = payload_bytes(mode, max(int(st["mean_prompt"]), 1))
     transfer_s = link.wire_s(mean_bytes) if mode is not Mode.COLOCATED else 0.0
+    transfer_p99_s = link.wire_s(payload_bytes(mode, st["p99_prompt"])) if mode is not Mode.COLOCATED else 0.0
     window_s = window_steps * dec.step_with_window_s
     floor = p_service + transfer_s + window_s + dec.step_s
-    if floor > slo.ttft_s:
-        raise PlanInputError(f"TTFT SLO {slo.ttft_s * 1000:.0f} ms is below the physical floor: a mean prompt "
-                             f"({st['mean_prompt']:.0f} tokens) needs {floor * 1000:.0f} ms on an idle {mode.value} "
+    floor_p99 = p_service_p99 + transfer_p99_s + window_s + dec.step_s
+    if floor_p99 > slo.ttft_s:
+        raise PlanInputError(f"TTFT SLO {slo.ttft_s * 1000:.0f} ms is below the physical floor: the p99 prompt "
+                             f"({st['p99_prompt']} tokens) needs {floor_p99 * 1000:.0f} ms on an idle {mode.value} "
                              f"deployment of {gpu.name}")
-    # the highest utilisation whose M/D/1 wait keeps the mean TTFT within the SLO, at most the cap
+    # the highest utilisation whose p99 queueing wait keeps the p99 TTFT within the SLO, at most the cap
     rho = options.max_prefill_utilization
-    while rho > 0.05 and floor + _mdl_wait(rho, p_service) > slo.ttft_s:
+    while rho > 0.05 and floor_p99 + _wait_p99(rho, p_service, p_service_sq) > slo.ttft_s:
         rho -= 0.05
     p_gpu_s_per_request = p_tokens / rp if p_tokens else 0.0
     if mode is Mode.COLOCATED:
@@ -243,7 +258,9 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
                      "bytes_p99_prompt": payload_bytes(mode, st["p99_prompt"]) if mode is not Mode.COLOCATED else 0,
                      "seconds_mean_prompt": transfer_s,
                      "break_even_prompt_tokens": break_even_prompt(gpu, mode, p_gpus, dec.gpus, link, options)},
-        "ttft_estimate_ms": {"idle": floor * 1000, "at_plan_load": (floor + _mdl_wait(rho, p_service)) * 1000},
+        "ttft_estimate_ms": {"idle_mean_prompt": floor * 1000, "idle_p99_prompt": floor_p99 * 1000,
+                             "mean_at_plan_load": (floor + _wait_mean(rho, p_service, p_service_sq)) * 1000,
+                             "p99_at_plan_load": (floor_p99 + _wait_p99(rho, p_service, p_service_sq)) * 1000},
         "serving_unit": layout, "units": units, "total_gpus": total_gpus,
         "prefill_gpus": units * unit.prefill_total, "decode_gpus": units * unit.decode_gpus * unit.decode_replicas,
         "alarms": suggested_alarms(slo, dec, rho),

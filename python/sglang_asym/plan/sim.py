@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..config import V41Config
 from ..sched import Scheduler, SchedulerConfig
 from .errors import PlanInputError
 from .steptime import Role, StepTimeModel
@@ -80,6 +81,7 @@ class ClusterConfig:
     link: Link = Link("nvlink", 450e9, 1e-3)
     colocated_prefill_in_step: bool = True  # GPU: prefill chunks are part of the decode steps
     colocated_split: bool = False  # the project's null mode: prefix [0, N - W) then a window step
+    model_cfg: V41Config = V41Config()  # whose row formats the payload is counted in
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode.parse(self.mode))
@@ -377,7 +379,7 @@ class Simulator:
         return lambda req, _share: replica.admit(req)
 
     def _transfer(self, req: _Req, last_chunk_share: float) -> None:
-        nbytes = payload_bytes(self.cfg.mode, req.spec.prompt_tokens)
+        nbytes = payload_bytes(self.cfg.mode, req.spec.prompt_tokens, self.cfg.model_cfg)
         compute = self.events.now - (req.prefill_started or self.events.now)
         delay = exposed_transfer_s(self.cfg.link, nbytes, compute, last_chunk_share)
         replica = min(self.decode, key=_DecodeReplica.load)
@@ -408,8 +410,9 @@ class Simulator:
 
     # ---- run ------------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[SimRequest], slo: Slo, stop_after: Iterable[str] | None = None,
-            warmup_s: float = 0.0) -> SimResult:
-        """Simulate until every request finished (or, with `stop_after`, until those did)."""
+            warmup_s: float = 0.0, until_s: float | None = None) -> SimResult:
+        """Simulate until every request finished (or, with `stop_after`, until those did; or, with `until_s`, until
+        that simulated time, leaving the rest unfinished)."""
         specs = sorted(requests, key=lambda r: r.arrival_s)
         if not specs:
             raise PlanInputError("the simulator needs at least one request")
@@ -428,7 +431,9 @@ class Simulator:
 
             bar = tqdm(total=len(self.stop_after), desc=f"sim {self.cfg.mode.value}", unit="req", leave=False)
         last_left = len(self.stop_after)
-        while self.events.heap and self.stop_after:
+        while self.events.heap and (self.stop_after or until_s is not None):
+            if until_s is not None and self.events.heap[0][0] > until_s:
+                break
             t, _, fn, args = heapq.heappop(self.events.heap)
             self.events.now = t
             fn(*args)
@@ -437,7 +442,7 @@ class Simulator:
                 last_left = len(self.stop_after)
         if bar is not None:
             bar.close()
-        if self.stop_after:
+        if self.stop_after and until_s is None:
             raise RuntimeError(f"simulation ended with {len(self.stop_after)} requests unfinished (a deadlock)")
         return self._result(specs, slo, warmup_s)
 
