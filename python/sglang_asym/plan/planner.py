@@ -257,7 +257,7 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
         "transfer": {"link": link.name, "bytes_mean_prompt": mean_bytes,
                      "bytes_p99_prompt": payload_bytes(mode, st["p99_prompt"]) if mode is not Mode.COLOCATED else 0,
                      "seconds_mean_prompt": transfer_s,
-                     "break_even_prompt_tokens": break_even_prompt(gpu, mode, p_gpus, dec.gpus, link, options)},
+                     "ttft_break_even_vs_symmetric_tokens": break_even_prompt(gpu, mode, dec.gpus, link, options)},
         "ttft_estimate_ms": {"idle_mean_prompt": floor * 1000, "idle_p99_prompt": floor_p99 * 1000,
                              "mean_at_plan_load": (floor + _wait_mean(rho, p_service, p_service_sq)) * 1000,
                              "p99_at_plan_load": (floor_p99 + _wait_p99(rho, p_service, p_service_sq)) * 1000},
@@ -291,33 +291,48 @@ def _unit(p_gpus: int, p_replicas: int, d_gpus: int, d_replicas: int, domain: in
     return best
 
 
-def break_even_prompt(gpu: GpuSpec, mode: Mode, p_gpus: int, d_gpus: int, link: Link, options: PlanOptions) -> int | None:
-    """Shortest prompt (tokens) from which the mode's idle TTFT (P compute + exposed transfer + D window) beats a
-    colocated full-model prefill on the D replica; None if it never does up to 1M tokens."""
-    if mode is Mode.COLOCATED:
-        return None
-    role = prefill_role(mode)
-    p = GpuStepModel(gpu, p_gpus, role, options.efficiency)
+def idle_ttft_s(gpu: GpuSpec, mode: Mode, prompt: int, d_gpus: int, link: Link, options: PlanOptions) -> float:
+    """TTFT of one prompt on an idle deployment: P's compute on its smallest replica, the payload's wire time, then
+    D's window chunks (asym, RFC) or one step to join (symmetric); colocated: a full prefill on the D replica."""
     d = GpuStepModel(gpu, d_gpus, Role.FULL, options.efficiency)
+    if mode is Mode.COLOCATED:
+        return d.prefill_s(prompt, Role.FULL) + d.decode_step_s([prompt])
+    role = prefill_role(mode)
+    p_gpus = min_replica_gpus(role, gpu, prompt, 1, options.fit).gpus
+    p = GpuStepModel(gpu, p_gpus, role, options.efficiency)
+    tokens = prefill_tokens(mode, prompt)
+    wire = link.wire_s(payload_bytes(mode, prompt)) if payload_bytes(mode, prompt) else 0.0
+    if mode is Mode.SYMMETRIC:
+        return p.prefill_s(tokens, role) + wire + d.decode_step_s([prompt])
     chunk = options.window_chunk or WINDOW
-    window_s = (-(-WINDOW // chunk) * d.decode_step_s([], [chunk])) if mode is not Mode.SYMMETRIC else 0.0
+    window_rows = min(prompt, WINDOW)
+    steps = -(-window_rows // chunk)
+    return p.prefill_s(tokens, role) + wire + steps * d.decode_step_s([], [min(chunk, window_rows)])
+
+
+def break_even_prompt(gpu: GpuSpec, mode: Mode, d_gpus: int, link: Link, options: PlanOptions) -> int | None:
+    """The prompt length (tokens) from which on the mode's idle TTFT beats symmetric PD's (each with its smallest P
+    replica): above the last power of two where it loses, bisected. Short prompts may win too (N <= W needs no P
+    at all). None for symmetric and colocated, or if it still loses at 1M tokens."""
+    if mode in (Mode.SYMMETRIC, Mode.COLOCATED):
+        return None
 
     def gain(n: int) -> float:
-        colocated = d.prefill_s(n, Role.FULL)
-        tokens = prefill_tokens(mode, n)
-        split = p.prefill_s(tokens, role) + link.wire_s(payload_bytes(mode, n)) + window_s
-        return colocated - split
+        return idle_ttft_s(gpu, Mode.SYMMETRIC, n, d_gpus, link, options) - idle_ttft_s(gpu, mode, n, d_gpus, link,
+                                                                                         options)
 
-    n = 16
-    while n <= 1 << 20:
-        if gain(n) > 0:
-            lo, hi = n // 2, n
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if gain(mid) > 0 else (mid, hi)
-            return hi
-        n *= 2
-    return None
+    powers = [1 << i for i in range(21) if (1 << i) <= (1 << 20) - WINDOW]
+    losing = [n for n in powers if gain(n) <= 0]
+    if not losing:
+        return 1
+    lo = losing[-1]
+    if lo == powers[-1]:
+        return None
+    hi = lo * 2
+    while hi - lo > 1:  # the crossing above the last losing power of two
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if gain(mid) > 0 else (mid, hi)
+    return hi
 
 
 SIM_RANKS = 8  # DP ranks simulated per D replica: a slice of the unit (step times still for the whole replica)

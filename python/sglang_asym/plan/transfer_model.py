@@ -62,7 +62,8 @@ def payload_bytes(mode: Mode, prompt_len: int, cfg: V41Config = V41Config()) -> 
         return _split(cfg, prompt_len).symmetric_manifest().total_bytes
     if mode is Mode.ASYM:
         return _split(cfg, prompt_len).manifest("release").total_bytes
-    return _split(cfg, prompt_len + WINDOW).manifest("release").total_bytes  # boundary = N: all of [0, N)
+    # boundary = N: all of [0, N); at the very end of the context the split is capped (its last W tokens uncounted)
+    return _split(cfg, min(prompt_len + WINDOW, cfg.max_position_embeddings)).manifest("release").total_bytes
 
 
 @dataclass(frozen=True)
