@@ -8,7 +8,8 @@ offsets of buffers listed once per side; the executors (reference.py, triton_cop
 
 Checked here, on every plan: all buffers on one device, every segment inside its buffer, no two
 destination bytes the same, and no destination byte that is also a source byte (by address, so
-aliasing views count).
+aliasing views count; segment by segment only where a destination buffer shares addresses with a
+source buffer). Destinations already in address order (a gather's extent) skip the sort.
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ class CopyPlan:
             raise KernelInputError("every segment must copy at least one byte")
         src_start, src_end = self._absolute(self.src_buffers, self.src_buf, self.src_off, "source")
         dst_start, dst_end = self._absolute(self.dst_buffers, self.dst_buf, self.dst_off, "destination")
-        order = torch.argsort(dst_start)
-        s, e = dst_start[order], dst_end[order]
+        if bool((dst_start[1:] >= dst_start[:-1]).all()):   # already in address order (a gather's extent)
+            s, e = dst_start, dst_end
+        else:
+            order = torch.argsort(dst_start)
+            s, e = dst_start[order], dst_end[order]
         clash = torch.nonzero(s[1:] < e[:-1])
         if clash.numel():
             i = int(clash[0])
             raise KernelInputError(f"destination segments overlap: [{int(s[i])}, {int(e[i])}) and "
                                    f"[{int(s[i + 1])}, {int(e[i + 1])}) (absolute addresses); two rows or "
                                    f"extents would land on the same bytes")
+        if not self._buffers_may_overlap():
+            return
         # source union, then any destination segment that starts inside it or covers a start of it
         order = torch.argsort(src_start)
         ss, se = src_start[order], torch.cummax(src_end[order], 0).values
@@ -92,6 +98,11 @@ class CopyPlan:
             i = int(hit[0])
             raise KernelInputError(f"destination segment [{int(s[i])}, {int(e[i])}) overlaps the plan's source bytes "
                                    f"(absolute addresses): the copy would read what it writes")
+
+    def _buffers_may_overlap(self) -> bool:
+        """Whether any destination buffer shares an address with any source buffer (else no segment can)."""
+        spans = lambda bufs: [(b.data_ptr(), b.data_ptr() + b.numel()) for b in bufs]  # noqa: E731
+        return any(s0 < d1 and d0 < s1 for s0, s1 in spans(self.src_buffers) for d0, d1 in spans(self.dst_buffers))
 
     def _absolute(self, buffers: tuple[torch.Tensor, ...], which: torch.Tensor, off: torch.Tensor, side: str
                   ) -> tuple[torch.Tensor, torch.Tensor]:

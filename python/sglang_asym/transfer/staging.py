@@ -8,9 +8,9 @@ chosen per extent by `copy` or $SGLANG_ASYM_STAGING_COPY:
   numpy   numpy's row copy (CPU pools)
   torch   sgl_kernel_ext's torch reference
   triton  sgl_kernel_ext's Triton kernel (compiled on CUDA, Triton's interpreter on CPU: slow, for tests)
-On CPU numpy stays the default: a 3.5 MB room took 0.56 ms through numpy and 18 ms through
-sgl_kernel_ext's torch reference (mostly building and checking a plan per range; torch's intra-op
-threads also contend with the transport's), benchmark/results/kernels_staging.json.
+On CPU numpy stays the default: a 3.5 MB room took 0.9 ms through numpy and 9 ms through
+sgl_kernel_ext's torch reference on one thread (mostly building and checking a plan per range; with
+torch's 2 intra-op threads contending with the transport's, 118 ms), benchmark/results/kernels_staging.json.
 
 A staged room's rows keep their place in the extent until the room is dropped (terminal and no
 write task left), so a write never waits for a copy. A failed write can leave entries in flight
