@@ -9,8 +9,9 @@ Sizing, per mode (docs/planning.md has the derivation):
      that the p99 queueing wait (M/G/1, exponential tail) plus the p99 prompt's prefill, transfer and D's
      window steps meet the TTFT SLO.
   Colocated: one pool of full replicas doing both, prefill folded into the steps.
-A serving unit is the smallest whole number of P and D replicas in the needed ratio; under same-domain
-placement it must fit one scale-up domain.
+A serving unit holds b P and d D replicas; under same-domain placement it must fit one scale-up domain and
+(b, d) is the one that needs the fewest whole domains, since GPUs come in domains. Among D replica sizes the
+plan with the fewest GPUs in domains wins.
 """
 
 from __future__ import annotations
@@ -172,8 +173,9 @@ def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode
             refusals.append(exc)
     if not plans:
         raise refusals[-1]
-    # fewest GPUs; among equals the faster decode (more tokens/s per GPU)
-    result, unit, dec, link = min(plans, key=lambda r: (r[0]["total_gpus"], -r[0]["throughput_per_gpu"]["decode_tokens_s"]))
+    # fewest GPUs bought (whole domains), then fewest used; among equals the faster decode
+    result, unit, dec, link = min(plans, key=lambda r: (r[0]["gpus_in_domains"], r[0]["total_gpus"],
+                                                        -r[0]["throughput_per_gpu"]["decode_tokens_s"]))
     result["workload"] = workload.name
     if simulate_unit:
         result["simulation"] = simulate_plan_unit(workload, rate_rps / result["units"], slo, gpu, mode, unit, dec,
@@ -230,12 +232,15 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
         d_replicas = max(math.ceil(d_ranks / dec.gpus), 1)
 
     # ---- serving unit ----
-    unit = _unit(p_gpus if mode is not Mode.COLOCATED else 0, p_replicas, dec.gpus, d_replicas, domain,
-                 options.placement)
-    units = max(math.ceil(p_replicas / unit.prefill_replicas) if unit.prefill_replicas else 0,
-                math.ceil(d_replicas / unit.decode_replicas))
+    unit, units = _unit(p_gpus if mode is not Mode.COLOCATED else 0, p_replicas, dec.gpus, d_replicas, domain,
+                        options.placement)
     layout = dry_run(unit, domain, options.placement, stage="plan", fleet=gpu.name).as_dict()
     total_gpus = units * unit.total_gpus
+    # GPUs come in whole domains: same-domain units pack into domains, the rest spreads over them
+    if options.placement is Placement.SAME_DOMAIN:
+        domains = math.ceil(units / max(layout["units_per_domain"], 1))
+    else:
+        domains = math.ceil(total_gpus / domain)
     rd = dec.tokens_per_gpu_s
     result = {
         "mode": mode.value, "gpu": gpu.name, "rate_rps": rate_rps,
@@ -262,6 +267,7 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
                              "mean_at_plan_load": (floor + _wait_mean(rho, p_service, p_service_sq)) * 1000,
                              "p99_at_plan_load": (floor_p99 + _wait_p99(rho, p_service, p_service_sq)) * 1000},
         "serving_unit": layout, "units": units, "total_gpus": total_gpus,
+        "domains": domains, "gpus_in_domains": domains * domain,
         "prefill_gpus": units * unit.prefill_total, "decode_gpus": units * unit.decode_gpus * unit.decode_replicas,
         "alarms": suggested_alarms(slo, dec, rho),
     }
@@ -270,25 +276,33 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
     return result, unit, dec, link
 
 
-def _unit(p_gpus: int, p_replicas: int, d_gpus: int, d_replicas: int, domain: int, placement: Placement) -> ServingUnit:
-    """The smallest unit in the needed P:D replica ratio; under same-domain placement as many D replicas per unit as
-    the domain holds (fewer units, same ratio)."""
+def _unit(p_gpus: int, p_replicas: int, d_gpus: int, d_replicas: int, domain: int,
+          placement: Placement) -> tuple[ServingUnit, int]:
+    """The serving unit and how many of them. Same-domain: every unit of b P and d D replicas that fits a domain
+    is tried; the one needing the fewest whole domains (then the fewest GPUs) wins. Any placement: the smallest
+    unit in the needed P:D ratio (units may span domains)."""
+    if placement is Placement.SAME_DOMAIN:
+        best = None
+        for b in (range(0, 1) if p_gpus == 0 else range(1, domain // p_gpus + 1)):
+            for d in range(1, (domain - b * p_gpus) // d_gpus + 1):
+                unit = ServingUnit(p_gpus, b, d_gpus, d)
+                units = max(-(-p_replicas // b) if b else 0, -(-d_replicas // d))
+                domains = -(-units // (domain // unit.total_gpus))
+                key = (domains, units * unit.total_gpus, unit.total_gpus)
+                if best is None or key < best[0]:
+                    best = (key, unit, units)
+        if best is None:  # not even one P + one D replica fits: the dry run says so
+            return ServingUnit(p_gpus, 1 if p_gpus else 0, d_gpus, 1), 1
+        return best[1], best[2]
     if p_gpus == 0:
-        per = max(1, min(d_replicas, domain // d_gpus)) if placement is Placement.SAME_DOMAIN else 1
-        return ServingUnit(0, 0, d_gpus, per)
-    ratio = p_replicas / d_replicas
-    best = None
+        return ServingUnit(0, 0, d_gpus, 1), d_replicas
+    ratio, best = p_replicas / d_replicas, None
     for d in range(1, d_replicas + 1):
         b = max(1, math.ceil(ratio * d - 1e-9))
-        unit = ServingUnit(p_gpus, b, d_gpus, d)
-        if placement is Placement.SAME_DOMAIN and unit.total_gpus > domain:
-            break
-        best = unit
+        best = ServingUnit(p_gpus, b, d_gpus, d)
         if abs(b / d - ratio) <= 0.05 * ratio:
             break
-    if best is None:  # not even one P + one D replica fits: let the dry run say so
-        best = ServingUnit(p_gpus, 1, d_gpus, 1)
-    return best
+    return best, max(-(-p_replicas // best.prefill_replicas), -(-d_replicas // best.decode_replicas))
 
 
 def idle_ttft_s(gpu: GpuSpec, mode: Mode, prompt: int, d_gpus: int, link: Link, options: PlanOptions) -> float:
