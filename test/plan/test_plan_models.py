@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -102,3 +103,17 @@ def test_decode_step_grows_with_batch_and_context(batch: int, ctx: int, name: st
     assert 0 < step <= m.decode_step_s([ctx] * (batch + 1))
     assert step <= m.decode_step_s([ctx + 1000] * batch)
     assert step <= m.decode_step_s([ctx] * batch, [32])
+
+
+def test_profile_bytes_are_footprints_parts() -> None:
+    parts = json.loads((Path(__file__).resolve().parents[2] / "benchmark" / "results" / "footprint_flash.json")
+                       .read_text())["parts"]
+    p = GpuStepModel(B300, 1).profile
+    assert p.weight_bytes(Role.ASYM_P) == parts["embeddings"]["bytes"] + parts["encoder_layers"]["bytes"]
+    full = sum(parts[k]["bytes"] for k in ("embeddings", "encoder_layers", "kv_source_kv_path", "kv_source_rest",
+                                           "decoder_layers", "final_norm_and_head"))
+    assert p.weight_bytes(Role.FULL) == full
+    # attention: 20 window layers for P; 18 ratio-2 and 20 ratio-1 compressed layers, 3 + 5 index layers for D
+    assert (p.prefill_counts.window_layers, p.full_counts.compressed, p.full_counts.indexed) == (
+        20, ((1, 20), (2, 18)), ((1, 5), (2, 3)))
+    assert p.kv_read_bytes(1000, Role.FULL) == 40 * 128 * 528 + (20 * 512 + 18 * 500) * 288 + (5 * 1000 + 3 * 500) * 68
