@@ -47,10 +47,14 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _lstsq(rows: list[list[float]], y: list[float], names: Sequence[str]) -> dict:
+    """Minimise the squared RELATIVE residuals: timing noise is proportional to the time, and a 100 ms decode step
+    matters as much to ITL as a 2 s window step does to TTFT (an absolute fit would serve the long steps only)."""
     a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
     if a.shape[0] < a.shape[1]:
         raise PlanInputError(f"a fit of {len(names)} terms needs at least {len(names)} samples, got {a.shape[0]}")
-    coef = _nonnegative_lstsq(a, b)
+    if np.any(b <= 0):
+        raise PlanInputError("every timed sample must be > 0 seconds")
+    coef = _nonnegative_lstsq(a / b[:, None], np.ones_like(b))
     pred = a @ coef
     rel = np.abs(pred - b) / b
     return {**{n: float(c) for n, c in zip(names, coef)}, "max_rel_residual": float(rel.max()),
