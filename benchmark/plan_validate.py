@@ -153,6 +153,10 @@ def _row(benchmark: str, case: str, metric: str, simulated: float, measured: flo
             "measured": round(measured, 3), "relative_error": round(err, 4), "within_target": abs(err) <= TARGET}
 
 
+def _num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 def markdown(rows: list[dict], model: CpuStepModel, link: Link) -> str:
     met = sum(r["within_target"] for r in rows)
     lines = ["# Simulator vs the project's CPU benchmarks", "",
@@ -161,7 +165,7 @@ def markdown(rows: list[dict], model: CpuStepModel, link: Link) -> str:
              f"**{met} of {len(rows)} metrics within target.**", "",
              "| benchmark | case | metric | simulated | measured | error | within 25% |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['benchmark']} | {r['case']} | {r['metric']} | {r['simulated']:.1f} | {r['measured']:.1f} | "
+        lines.append(f"| {r['benchmark']} | {r['case']} | {r['metric']} | {_num(r['simulated'])} | {_num(r['measured'])} | "
                      f"{100 * r['relative_error']:+.0f}% | {'yes' if r['within_target'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
