@@ -56,3 +56,16 @@ def test_bad_input_exit_2(capsys, argv, message: str) -> None:
 def test_module_entry_point() -> None:
     proc = subprocess.run([sys.executable, "-m", "sglang_asym.plan", "gpus"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and sorted(json.loads(proc.stdout)) == ["B300", "GB200-NVL72", "GB300-NVL72", "H200"]
+
+
+def test_steptime_and_custom_workload(capsys) -> None:
+    assert main(["steptime", "--gpu", "B300", "--gpus", "8", "--batch", "64", "--context", "4096", "--window-rows", "32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decode_step_ms"] > 0 and out["prefill_tokens_per_gpu_s"]["asym_p"] > out["prefill_tokens_per_gpu_s"]["full"]
+    assert main(["plan", "--input-mean", "6000", "--output-mean", "800", "--rate", "5", "--gpu", "B300",
+                 "--placement", "any"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["workload"] == "custom" and plan["transfer"]["link"] == "rdma"
+    assert main(["plan", "--workload", "chat", "--input-mean", "10", "--output-mean", "10", "--rate", "5",
+                 "--gpu", "B300"]) == 2
+    assert "not both" in capsys.readouterr().err

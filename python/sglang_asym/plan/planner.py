@@ -79,9 +79,10 @@ def prefill_tokens(mode: Mode, prompt: int) -> int:
     return max(prompt - WINDOW, 0) if mode is Mode.ASYM else prompt
 
 
-def link_for(gpu: GpuSpec, placement: Placement, unit_gpus: int, domain: int) -> Link:
-    """KV goes over NVLink inside a domain, else over the scale-out NICs (1 ms per request for the handshake)."""
-    if placement is Placement.SAME_DOMAIN or unit_gpus <= domain:
+def link_for(gpu: GpuSpec, placement: Placement) -> Link:
+    """KV goes over NVLink when P and D share a domain (same-domain units), else over the scale-out NICs (any
+    placement may put them in different domains: sized for that); 1 ms per request for the handshake."""
+    if placement is Placement.SAME_DOMAIN:
         return Link("nvlink", gpu.nvlink_bytes_per_s, 1e-3)
     return Link("rdma", gpu.rdma_bytes_per_s, 1e-3)
 
@@ -207,7 +208,7 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
     p_service = sum(services) / len(services)
     p_service_sq = sum(x * x for x in services) / len(services)
     p_service_p99 = services[min(len(services) - 1, int(0.99 * len(services)))]
-    link = link_for(gpu, options.placement, 0, domain)
+    link = link_for(gpu, options.placement)
     mean_bytes = payload_bytes(mode, max(int(st["mean_prompt"]), 1))
     transfer_s = link.wire_s(mean_bytes) if mode is not Mode.COLOCATED else 0.0
     transfer_p99_s = link.wire_s(payload_bytes(mode, st["p99_prompt"])) if mode is not Mode.COLOCATED else 0.0
