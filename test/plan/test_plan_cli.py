@@ -69,3 +69,15 @@ def test_steptime_and_custom_workload(capsys) -> None:
     assert main(["plan", "--workload", "chat", "--input-mean", "10", "--output-mean", "10", "--rate", "5",
                  "--gpu", "B300"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_simulate_and_plot(capsys, tmp_path) -> None:
+    png = tmp_path / "plans.png"
+    assert main(["plan", "--workload", "chat", "--rate", "20", "--gpu", "B300", "--mode", "all", "--simulate",
+                 "--sim-requests", "30", "--plot", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert png.stat().st_size > 10_000
+    q = out["asym"]["simulation"]["quantiles"]
+    assert q["q"] == [1, 5, 10, 25, 50, 75, 90, 95, 99] and q["ttft_s"] == sorted(q["ttft_s"])
+    assert main(["plan", "--workload", "chat", "--rate", "20", "--gpu", "B300", "--plot", str(png)]) == 2
+    assert "--plot needs --simulate" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from .gpu_model import GpuStepModel
 from .gpus import GPUS, gpu
 from .layout import LayoutError, Placement, ServingUnit, dry_run
 from .planner import PlanOptions, plan
+from .plots import plot_plans
 from .share import share_report
 from .sim import Slo
 from .steptime import Role
@@ -62,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate", action="store_true", help="also simulate a slice of one serving unit")
     p.add_argument("--sim-requests", type=int, default=400)
     p.add_argument("--progress", action="store_true", help="progress bar while simulating")
+    p.add_argument("--plot", help="with --simulate: write TTFT / ITL quantiles and GPUs per mode to this PNG")
 
     t = sub.add_parser("steptime", help="step times of one replica (roofline model)")
     t.add_argument("--gpu", required=True)
@@ -112,9 +114,13 @@ def _run(args: argparse.Namespace) -> dict:
     slo = Slo(args.ttft_ms / 1000, args.itl_ms / 1000)
     options = PlanOptions(placement=args.placement, domain_gpus=args.domain_gpus, decode_gpus=args.decode_gpus,
                           window_chunk=args.window_chunk or None, policy=args.policy)
+    if args.plot and not args.simulate:
+        raise PlanInputError("--plot needs --simulate")
     modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]
     plans = {m.value: plan(_workload(args), args.rate, slo, spec, m, options, args.simulate, args.sim_requests,
                            args.progress) for m in modes}
+    if args.plot:
+        plot_plans(plans, args.plot)
     return plans if len(plans) > 1 else next(iter(plans.values()))
 
 

@@ -34,6 +34,7 @@ from .steptime import Role, StepTimeModel
 from .transfer_model import Link, Mode, exposed_transfer_s, payload_bytes
 
 WINDOW = 128
+QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)  # of TTFT and ITL, kept in the summary for plots
 
 
 @dataclass(frozen=True)
@@ -472,6 +473,8 @@ class Simulator:
             "prefill_busy": (sum(w.busy_s for w in self.prefill) / (len(self.prefill) * span)) if self.prefill else None,
             "decode_busy": sum(d.busy_s for d in self.decode) / (len(self.decode) * span),
             "decode_steps": sum(d.steps for d in self.decode),
+            "quantiles": {"q": list(QUANTILES), "ttft_s": [_pct(ttft, q) for q in QUANTILES],
+                          "itl_s": [_pct(gaps, q) for q in QUANTILES]},
         }
         token_times = {rid: tuple(r.times) for rid, r in self.reqs.items() if r.times is not None}
         first = {rid: r.first_token for rid, r in self.reqs.items() if r.first_token is not None}
