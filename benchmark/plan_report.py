@@ -121,8 +121,12 @@ def public_checks() -> dict:
     except LayoutError as exc:
         refusal = f"error  {exc}"
     nvl72 = dry_run(ServingUnit(4, 2, 64, 1), 72).as_dict()
+    # the planner itself, given DeepInfer's replica sizes: which unit does it build on an NVL72?
+    planned = plan(preset("deepseek"), 100.0, SLO, gpu("GB200-NVL72"), Mode.ASYM,
+                   PlanOptions(decode_gpus=64, prefill_gpus=4))["serving_unit"]["serving_unit"]
     return {"shares_at_rp_12000_rd_800": shares, "deepseek_disclosed_32_of_176": 32 / 176,
-            "deepinfer_unit_on_nvl72": nvl72, "h200_domain_refusal": refusal}
+            "deepinfer_unit_on_nvl72": nvl72, "planner_unit_with_deepinfer_replica_sizes": planned,
+            "h200_domain_refusal": refusal}
 
 
 def sensitivity() -> list[dict]:
@@ -226,6 +230,10 @@ def markdown(report: dict) -> str:
     lines += [f"- DeepSeek's 32 P : 144 D GPUs: {100 * pc['deepseek_disclosed_32_of_176']:.1f}%",
               f"- DeepInfer's 2 x 4 P + 64 D unit on GB200 NVL72: {pc['deepinfer_unit_on_nvl72']['serving_unit']['gpus']} GPUs, "
               f"{pc['deepinfer_unit_on_nvl72']['units_per_domain']} unit per 72-GPU domain",
+              f"- the planner given DeepInfer's replica sizes (4-GPU P, 64-GPU D), DeepSeek's mix at 100 req/s on GB200 "
+              f"NVL72: {pc['planner_unit_with_deepinfer_replica_sizes']['prefill']} + "
+              f"{pc['planner_unit_with_deepinfer_replica_sizes']['decode']} = "
+              f"{pc['planner_unit_with_deepinfer_replica_sizes']['gpus']} GPUs",
               f"- the same unit on an 8-GPU H200 domain: `{pc['h200_domain_refusal']}`", "",
               "## The model's own rates per GPU", "",
               "| GPU | decode tok/s/GPU (16-GPU D, batch 128/rank, ctx 4k) | prefill tok/s/GPU full (2 GPUs) | asym P (1 GPU) |",

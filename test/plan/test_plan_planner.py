@@ -91,3 +91,15 @@ def test_workload_presets_match_the_public_ratios() -> None:
     pairs = Workload("w", LengthDist.uniform(512, 1024), LengthDist.fixed(8)).sample(50, seed=3)
     assert all(512 <= p <= 1024 and o == 8 for p, o in pairs)
     assert pairs == Workload("w", LengthDist.uniform(512, 1024), LengthDist.fixed(8)).sample(50, seed=3)
+
+
+def test_deepinfer_replica_sizes_fill_one_nvl72() -> None:
+    """DeepInfer's V4.1-Flash layout: 4-GPU prefill replicas, a 64-GPU decode replica; two P + one D = 72 GPUs."""
+    out = plan(preset("deepseek"), 100, SLO, gpu("GB200"), "asym", PlanOptions(decode_gpus=64, prefill_gpus=4,
+                                                                                 sample_requests=300))
+    unit = out["serving_unit"]
+    assert unit["serving_unit"] == {"prefill": "2 x 4 GPUs", "decode": "1 x 64 GPUs", "gpus": 72,
+                                    "prefill_share": 8 / 72}
+    assert unit["units_per_domain"] == 1 and unit["idle_gpus_per_domain"] == 0
+    with pytest.raises(PlanInputError, match=r"a P replica \(asym_p\) of 1 H200 GPUs does not hold"):
+        plan(preset("chat"), 10, SLO, gpu("H200"), "asym", PlanOptions(prefill_gpus=1, sample_requests=100))

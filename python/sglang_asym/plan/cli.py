@@ -58,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", choices=[x.value for x in Placement], default=Placement.SAME_DOMAIN.value)
     p.add_argument("--domain-gpus", type=int, help="override the GPU's NVLink domain size")
     p.add_argument("--decode-gpus", type=int, help="force the D replica size")
+    p.add_argument("--prefill-gpus", type=int, help="force the P replica size")
     p.add_argument("--window-chunk", type=int, default=32, help="window rows per step (0: whole windows)")
     p.add_argument("--policy", choices=["budget", "admit_all"], default="budget")
     p.add_argument("--simulate", action="store_true", help="also simulate a slice of one serving unit")
@@ -113,6 +114,7 @@ def _run(args: argparse.Namespace) -> dict:
             raise PlanInputError(f"--{name.replace('_', '-')} must be > 0, got {v}")
     slo = Slo(args.ttft_ms / 1000, args.itl_ms / 1000)
     options = PlanOptions(placement=args.placement, domain_gpus=args.domain_gpus, decode_gpus=args.decode_gpus,
+                          prefill_gpus=args.prefill_gpus,
                           window_chunk=args.window_chunk or None, policy=args.policy)
     if args.plot and not args.simulate:
         raise PlanInputError("--plot needs --simulate")

@@ -43,7 +43,8 @@ class PlanOptions:
 
     placement: Placement = Placement.SAME_DOMAIN
     domain_gpus: int | None = None  # None: the GPU's own NVLink domain
-    decode_gpus: int | None = None  # None: the D replica size with the best tokens/s per GPU that fits
+    decode_gpus: int | None = None  # None: every D replica size that fits is tried; the cheapest plan wins
+    prefill_gpus: int | None = None  # None: the smallest P replica that holds the role's weights and a prompt
     max_running_per_rank: int = 128
     window_chunk: int | None = 32  # None: whole windows (no chunking)
     policy: str = "budget"
@@ -198,7 +199,13 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
         p_fit = None
         p_gpus = dec.gpus
     else:
-        p_fit = min_replica_gpus(role, gpu, int(st["mean_prompt"]), 1, options.fit)
+        if options.prefill_gpus:
+            p_fit = replica_fit(role, gpu, options.prefill_gpus, int(st["mean_prompt"]), options.fit)
+            if not p_fit.fits or p_fit.max_requests_at_context < 1:
+                raise PlanInputError(f"a P replica ({role.value}) of {options.prefill_gpus} {gpu.name} GPUs does not hold "
+                                     f"its weights and one {int(st['mean_prompt'])}-token prompt")
+        else:
+            p_fit = min_replica_gpus(role, gpu, int(st["mean_prompt"]), 1, options.fit)
         p_gpus = p_fit.gpus
     p_model = GpuStepModel(gpu, p_gpus, role, options.efficiency)
     # a loaded P packs several prompts into full chunks: GPU-seconds at that rate (TTFT uses one prompt alone)
