@@ -18,10 +18,10 @@ from pathlib import Path
 from .checkpoint import CheckpointError
 from .config import ConfigError
 from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
+from .sched.config import DEFAULT_WINDOW_CHUNK
 from .split import Semantics
 
 MODES = ("null", "asym-prefill", "asym-decode", "prefill", "decode")
-DEFAULT_WINDOW_CHUNK = 32  # window rows per request and decode-worker step unless --window-chunk-size says otherwise
 logger = logging.getLogger("sglang_asym.launch_server")
 
 

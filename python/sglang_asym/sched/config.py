@@ -8,6 +8,9 @@ from enum import Enum
 
 MAX_DRAFT_TOKENS = 7  # DSpark drafts at most 7 tokens: the verify width 1 + k is at most 8 rows.
 
+# window rows per request and decode-worker step unless --window-chunk-size says otherwise (both runtimes)
+DEFAULT_WINDOW_CHUNK = 32
+
 
 class StepMode(str, Enum):
     """How admitted window rows share a step with the running requests' decode rows."""

@@ -1,10 +1,16 @@
 """Every change SGLang 0.5.23 needs to serve DeepSeek-V4.1 on a CPU machine, in one place.
 
-Each entry of `CPU_PATCHES` names the SGLang symbol, the kind of change and why. They are applied in
-each SGLang process (launcher, scheduler, detokenizer) by `apply_cpu_patches`, only when the CPU
-engine is selected (cpu_engine_mode.py); test_canaries.py checks every target against the pinned
-SGLang, so an upgrade fails loudly instead of serving wrong bytes.
+Each entry of `CPU_PATCHES` names the SGLang symbol, the kind of change, the process it matters in
+(the launcher, which also runs the tokenizer manager and HTTP server, or a scheduler) and why.
+`apply_cpu_patches(process)` applies that process's entries, only when the CPU engine is selected
+(cpu_engine_mode.py); test_canaries.py checks every target against the pinned SGLang, so an upgrade
+fails loudly instead of serving wrong bytes.
 
+Launcher:
+  chat_encoding.resolve_chat_encoding_spec       AROUND   a checkpoint whose tokenizer lacks DeepSeek's
+                        chat special tokens (the small generated checkpoints) keeps its own chat
+                        template instead of DeepSeek's reference encoder, which cannot encode for it
+Scheduler:
   kv_cache_configurator.reject_out_of_tree_path  AROUND   let the DeepSeek-V4 KV pool be built on this
                         platform: it is plain torch tensors on "cpu" (every other refusal stays)
   deepseek_v4_memory_pool.select_dsv4_kv_layout  REPLACE  the pool layout: SGLANG_DSV4_KV_LAYOUT=v4 or
@@ -14,6 +20,9 @@ SGLang, so an upgrade fails loudly instead of serving wrong bytes.
   DeepseekV4AttnBackend._snapshot_prefill_shared_reads  REPLACE  the base backend's (nothing to snapshot)
   MooncakeKVSender.supports_host_tensor_indices  ATTRIBUTE False: P's send path would pin host memory
                         and record a torch.cuda.Event for indices that are already on the host
+  ForwardBatch.init_new                          AROUND   hand the reference forward each request's
+                        prompt length by req slot (it applies SGLang's replay floors from it) and the
+                        runner's pools (the ForwardBatch the model sees may be a copy: no attributes)
   rope_variant.get_device                        REPLACE  "cpu" (it raises without an accelerator)
   rotary_embedding.factory.get_rope_wrapper      AROUND   the generic rope for device "cpu": the CPU
                         branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none
@@ -38,12 +47,18 @@ MEMORY_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 ATTN_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 
 
+LAUNCHER, SCHEDULER = "launcher", "scheduler"
+DEEPSEEK_CHAT_SPECS = ("dsv4", "dsv41")
+DEEPSEEK_SYSTEM_TOKEN = "<\uff5cSystem\uff5c>"  # the first special token DeepSeek's encoder needs
+
+
 @dataclass(frozen=True)
 class CpuPatch:
     target: str  # dotted path of the SGLang symbol
     kind: str  # AROUND / REPLACE (HookRegistry) or ATTRIBUTE (a class attribute set directly)
     hook: Callable | Any
     why: str
+    process: str = SCHEDULER
 
 
 class CpuLayoutError(ValueError):
@@ -66,6 +81,17 @@ def select_cpu_kv_layout() -> tuple[Any, None]:
     return KVLayout.parse(cpu_kv_layout_name()), None
 
 
+def around_resolve_chat_encoding_spec(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    spec = original(*args, **kwargs)
+    tokenizer = kwargs.get("tokenizer")
+    if spec in DEEPSEEK_CHAT_SPECS and tokenizer is not None and \
+            DEEPSEEK_SYSTEM_TOKEN not in tokenizer.get_added_vocab():
+        log.warning("sglang-asym: the tokenizer has no DeepSeek chat special tokens; chat prompts use its own "
+                    "chat template instead of DeepSeek's encoder (%s)", spec)
+        return None
+    return spec
+
+
 def around_reject_out_of_tree_path(original: Callable, platform: Any, *, subsystem: str) -> None:
     if subsystem == DSV4_POOL_SUBSYSTEM:
         return None
@@ -83,6 +109,14 @@ def base_snapshot_prefill_shared_reads(backend: Any, forward_batch: Any, *, num_
     return AttentionBackend._snapshot_prefill_shared_reads(backend, forward_batch, num_qo_tokens=num_qo_tokens)
 
 
+def around_forward_batch_init_new(original: Callable, cls: type, batch: Any, model_runner: Any, *args: Any,
+                                  **kwargs: Any) -> Any:
+    from .reference_forward import note_schedule_batch
+
+    note_schedule_batch(batch, model_runner)
+    return original(cls, batch, model_runner, *args, **kwargs)
+
+
 def cpu_device(*args: Any, **kwargs: Any) -> str:
     return "cpu"
 
@@ -98,6 +132,8 @@ def no_mhc_prewarm(model: Any) -> None:
 
 
 CPU_PATCHES: tuple[CpuPatch, ...] = (
+    CpuPatch("sglang.srt.entrypoints.openai.chat_encoding.resolve_chat_encoding_spec", "AROUND",
+             around_resolve_chat_encoding_spec, "generated checkpoints chat with their own template", LAUNCHER),
     CpuPatch("sglang.srt.mem_cache.kv_cache_configurator.reject_out_of_tree_path", "AROUND",
              around_reject_out_of_tree_path, "build the DeepSeek-V4 pool on CPU"),
     CpuPatch(f"{MEMORY_POOL}.select_dsv4_kv_layout", "REPLACE", select_cpu_kv_layout,
@@ -108,6 +144,8 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
              "nothing to snapshot"),
     CpuPatch("sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", "ATTRIBUTE",
              False, "no pinned memory or CUDA events in P's send path"),
+    CpuPatch("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", "AROUND",
+             around_forward_batch_init_new, "prompt lengths for the replay floors"),
     CpuPatch("sglang.srt.layers.rotary_embedding.rope_variant.get_device", "REPLACE", cpu_device,
              "the rope factory's device lookup"),
     CpuPatch("sglang.srt.layers.rotary_embedding.factory.get_rope_wrapper", "AROUND", around_get_rope_wrapper,
@@ -127,27 +165,31 @@ def _set_attribute(target: str, value: Any) -> None:
     setattr(cls, attr, value)
 
 
-_applied = False
+_applied: set[str] = set()
 
 
-def apply_cpu_patches() -> None:
-    """Registers and applies CPU_PATCHES in this process. Idempotent."""
-    global _applied
-    if _applied:
+def apply_cpu_patches(process: str = SCHEDULER, apply_now: bool = True) -> None:
+    """Registers and applies the CPU_PATCHES of `process` in this process. Idempotent. With
+    `apply_now=False` (inside SGLang's load_plugins, which applies every hook after the plugins ran)
+    the hooks are only registered."""
+    if process in _applied:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cpu_kv_layout_name()  # a bad SGLANG_DSV4_KV_LAYOUT fails here, before any process starts serving
-    hooked = [p for p in CPU_PATCHES if p.kind != "ATTRIBUTE"]
+    mine = [p for p in CPU_PATCHES if p.process == process]
+    hooked = [p for p in mine if p.kind != "ATTRIBUTE"]
     for patch in hooked:
         if patch.target not in HookRegistry._hooks:
             HookRegistry.register(patch.target, patch.hook, HookType[patch.kind])
+    for patch in mine:
+        if patch.kind == "ATTRIBUTE":
+            _set_attribute(patch.target, patch.hook)
+    _applied.add(process)
+    if not apply_now:
+        return
     HookRegistry.apply_hooks()
     missing = [p.target for p in hooked if p.target not in HookRegistry._patched]
     if missing:
         raise RuntimeError(f"sglang-asym could not apply its CPU patches to {missing} (see the log above)")
-    for patch in CPU_PATCHES:
-        if patch.kind == "ATTRIBUTE":
-            _set_attribute(patch.target, patch.hook)
-    _applied = True
-    log.info("sglang-asym: %d CPU patches applied to SGLang", len(CPU_PATCHES))
+    log.info("sglang-asym: %d CPU patches applied to SGLang's %s", len(mine), process)

@@ -8,6 +8,9 @@ declarations); a value the user gave on the command line is never replaced.
   max_total_tokens                         CPU_MAX_TOTAL_TOKENS: SGLang would otherwise size the pool
                                            from a fraction of the whole machine's RAM
   max_running_requests                     CPU_MAX_RUNNING: the V4 pool caps its SWA rings by it
+  disable_radix_cache                      True: a cached prefix's decoder-layer window rows were
+                                           computed under the request that wrote them (its replay
+                                           floor), so a hit would not reproduce the reference forward
 """
 
 from __future__ import annotations
@@ -26,3 +29,4 @@ def apply_cpu_defaults(server_args: Any) -> None:
         server_args.max_total_tokens = CPU_MAX_TOTAL_TOKENS
     if server_args.max_running_requests is None:
         server_args.max_running_requests = CPU_MAX_RUNNING
+    server_args.disable_radix_cache = True

@@ -115,9 +115,9 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
     if role != SCHEDULER_ROLE:
         return
     if cpu_engine_selected():
-        from .cpu_patches import apply_cpu_patches
+        from .cpu_patches import SCHEDULER as SCHEDULER_PROCESS, apply_cpu_patches
 
-        apply_cpu_patches()
+        apply_cpu_patches(SCHEDULER_PROCESS)
     if settings_of(server_args) is not None:
         install_scheduler_hooks()
 
@@ -194,6 +194,9 @@ def register_hooks() -> None:
         # SGLang's own engine on CPU: this process and every one it spawns gets the import stand-ins
         os.environ[CHILD_FLAG] = "1"
         cpu_import_gaps.install(STARTUP_GAPS)
+        from .cpu_patches import LAUNCHER, apply_cpu_patches
+
+        apply_cpu_patches(LAUNCHER, apply_now=False)  # load_plugins applies it with every other hook
 
     for target, hook, hook_type in hook_table():
         HookRegistry.register(target, hook, HookType[hook_type])

@@ -1,3 +1,236 @@
-"""placeholder"""
-def install_reference_forward(model):
-    raise NotImplementedError("reference forward not written yet")
+"""DeepSeek-V4.1's forward inside SGLang's engine on CPU: the project's reference model over SGLang's pool.
+
+`install_reference_forward` runs once the model runner has loaded SGLang's DeepseekV4ForCausalLM
+(the CPU platform's `post_load_model`): it builds the reference model from SGLang's loaded
+parameters (sglang_weights.py) and replaces the instance's `forward`. Each call then:
+1. cuts the ForwardBatch into one segment per request (its tokens, first position, req slot, and
+   its prompt length N, which `ForwardBatch.init_new` records from the ScheduleBatch's requests);
+2. applies SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
+   window of layers >= the last KV source only from B on (SGLang's bounded replay, which it turns
+   off on CPU; the floors of SplitPlan). A segment that crosses B runs [start, B) without floors,
+   then [B, end) with them in the decode worker's window chunks (`pieces`), so a window computes
+   exactly as the embedded runtime's window step computes it;
+3. per phase, reads each request's rows from SGLang's pool into a throwaway reference cache (window
+   rows from max(0, start - W + 1), every compressed row and index key, the pending compressor
+   token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
+   request's own slots. The pool's bytes are the only request state; nothing survives a call.
+Returns SGLang's LogitsProcessorOutput with each request's last-row logits.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..cache import CacheSet, CacheSizing, RequestCache, index_group, kv_group, swa_group
+from ..config import V41Config
+from ..model.model import SegmentInput, V41Model
+from ..sched.config import DEFAULT_WINDOW_CHUNK
+from ..split import Semantics, SplitPlan
+from .pool_rows import PoolRows
+from .sglang_weights import reference_model_from_sglang
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class _ScheduleFacts:
+    """What ForwardBatch does not carry, handed over by the init_new hook (cpu_patches.py) in this
+    scheduler process: the model runner's pools and each occupied req slot's prompt length."""
+
+    kv_pool: Any = None
+    req_to_token: torch.Tensor | None = None
+    prompt_len: dict[int, int] = field(default_factory=dict)
+
+
+_FACTS = _ScheduleFacts()
+
+
+def note_schedule_batch(batch: Any, model_runner: Any) -> None:
+    if _FACTS.kv_pool is None and getattr(model_runner, "token_to_kv_pool", None) is not None:
+        _FACTS.kv_pool = model_runner.token_to_kv_pool
+        _FACTS.req_to_token = model_runner.req_to_token_pool.req_to_token
+    reqs, slots = getattr(batch, "reqs", None), getattr(batch, "req_pool_indices", None)
+    if reqs and slots is not None:
+        for req, slot in zip(reqs, slots.tolist()):
+            _FACTS.prompt_len[int(slot)] = len(req.origin_input_ids)
+DEFAULT_SEMANTICS = Semantics.DECODER_REPLAY  # SGLang 0.5.23's default for V4.1 (bounded replay on)
+
+
+@dataclass(frozen=True)
+class RequestRows:
+    """One request's rows in a forward: tokens at [start, start + len(tokens))."""
+
+    req: int  # SGLang req_pool_idx
+    start: int
+    tokens: torch.Tensor
+    prompt_len: int | None  # None: no floors can apply (decode rows)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.tokens.numel()
+
+
+@functools.lru_cache(maxsize=4096)
+def _floors(cfg: V41Config, prompt_len: int, window: int, semantics: Semantics) -> tuple[int, tuple[tuple[int, int], ...]]:
+    split = SplitPlan(cfg, prompt_len, window, semantics)
+    return split.boundary, tuple(sorted(split.swa_floors().items()))
+
+
+def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, window_chunk: int
+           ) -> list[tuple[RequestRows, dict[int, int]]]:
+    """One request's rows as (rows, floors) forwards: rows before B = max(N - W, 0) in one piece without
+    floors, rows from B on with the floors in pieces on the grid B + k * window_chunk, the chunks the
+    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it."""
+    if r.prompt_len is None:  # decode rows
+        return [(r, {})]
+    boundary, floors = _floors(cfg, r.prompt_len, window, semantics)
+    if r.end <= boundary:
+        return [(r, {})]
+    floors = dict(floors)  # empty when N <= W: the whole prompt is the window, with no floor
+    cuts = [c for c in range(boundary, r.end, window_chunk) if c > r.start] + [r.end]
+    out, at = [], r.start
+    for cut in cuts:
+        out.append((RequestRows(r.req, at, r.tokens[at - r.start:cut - r.start], r.prompt_len),
+                    floors if at >= boundary else {}))
+        at = cut
+    return out
+
+
+def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: Semantics,
+           window_chunk: int = DEFAULT_WINDOW_CHUNK) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
+    """(index, rows, floors) per forward: phase k runs the k-th piece of every request that has one."""
+    split = [pieces(r, cfg, window, semantics, window_chunk) for r in rows]
+    depth = max(len(p) for p in split)
+    return [[(i, *p[k]) for i, p in enumerate(split) if k < len(p)] for k in range(depth)]
+
+
+class ReferenceForward:
+    """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
+
+    def __init__(self, model: V41Model, pool: Any, req_to_token: torch.Tensor, semantics: Semantics) -> None:
+        self.model, self.cfg = model, model.cfg
+        self.window = self.cfg.sliding_window
+        self.semantics = semantics
+        self.rows = PoolRows(pool, req_to_token, self.cfg)
+        self.forwards = 0
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        rows = self.request_rows(input_ids, positions, forward_batch)
+        if not rows:
+            return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
+        logits: dict[int, torch.Tensor] = {}
+        for phase in phases(rows, self.cfg, self.window, self.semantics):
+            for (i, _, _), out in zip(phase, self._run(phase)):
+                logits[i] = out  # a request's last piece has the logits that count
+        self.forwards += 1
+        return LogitsProcessorOutput(next_token_logits=torch.stack([logits[i] for i in range(len(rows))]).float())
+
+    @staticmethod
+    def request_rows(input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any) -> list[RequestRows]:
+        mode = forward_batch.forward_mode
+        if mode.is_idle() or forward_batch.batch_size == 0:
+            return []
+        reqs = [int(r) for r in forward_batch.req_pool_indices.tolist()]
+        if mode.is_decode():
+            return [RequestRows(req, int(p), input_ids[i:i + 1], None)
+                    for i, (req, p) in enumerate(zip(reqs, positions.tolist()))]
+        if not mode.is_extend():
+            raise NotImplementedError(f"the reference forward runs extend and decode batches, not {mode}")
+        missing = [req for req in reqs if req not in _FACTS.prompt_len]
+        if missing:
+            raise RuntimeError(f"no prompt length for req slots {missing} (the init_new hook did not see them)")
+        out, at = [], 0
+        for req, n in zip(reqs, forward_batch.extend_seq_lens_cpu):
+            out.append(RequestRows(req, int(positions[at]), input_ids[at:at + n], _FACTS.prompt_len[req]))
+            at += n
+        return out
+
+    def _run(self, phase: list[tuple[int, RequestRows, dict[int, int]]]) -> list[torch.Tensor]:
+        longest = max(r.end for _, r, _ in phase)
+        sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
+                             max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
+        caches = self.model.new_cache_set(sizing)
+        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "last") for _, r, floors in phase]
+        try:
+            outputs = self.model.forward_batch(inputs)
+            for (_, r, _), item in zip(phase, inputs):
+                self._store(item.cache, r)
+        finally:
+            for item in inputs:
+                item.cache.release()
+        return [o.logits for o in outputs]
+
+    def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int]) -> RequestCache:
+        """A throwaway reference cache holding what the pool holds for `r` before its rows."""
+        cfg, dtype, rows = self.cfg, self.model.dtype, self.rows
+        cache = caches.new_request()
+        first_window = max(0, r.start - self.window + 1)
+        for layer in range(cfg.num_hidden_layers):
+            cache.start_swa_at(layer, first_window)
+            cache.rows(swa_group(layer)).append(rows.read_window(layer, r.req, first_window, r.start, dtype))
+        for owner, ratio in rows.ratio.items():
+            n = r.start // ratio
+            cache.rows(kv_group(owner)).append(rows.read_compressed("kv", owner, r.req, n, dtype))
+            cache.rows(index_group(owner)).append(rows.read_compressed("index", owner, r.req, n, dtype))
+            if ratio == 2 and r.start % 2:
+                cache.set_tail(owner, rows.read_tail(owner, r.req, r.start - 1))
+        cache.swa_floor.update(floors)
+        cache.pos = r.start
+        return cache
+
+    def _store(self, cache: RequestCache, r: RequestRows) -> None:
+        """The rows the forward added for `r`, written to the pool at the request's slots."""
+        rows = self.rows
+        for layer in range(self.cfg.num_hidden_layers):
+            # a long chunk keeps only its last window (attention drops the rest): no later query reads those
+            window = cache.rows(swa_group(layer))
+            kept = max(r.start, window.start)
+            rows.write_window(layer, r.req, kept, window.read(kept, r.end))
+        for owner, ratio in rows.ratio.items():
+            first, last = r.start // ratio, r.end // ratio
+            rows.write_compressed("kv", owner, r.req, first, cache.rows(kv_group(owner)).read(first, last))
+            rows.write_compressed("index", owner, r.req, first, cache.rows(index_group(owner)).read(first, last))
+            if ratio == 2 and r.end % 2:
+                rows.write_tail(owner, r.req, r.end - 1, cache.tail(owner))
+
+
+def install_reference_forward(sglang_model: torch.nn.Module) -> None:
+    """Builds the reference model from SGLang's loaded V4.1 model and makes it the model's forward.
+    Other architectures are left alone."""
+    from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+    from sglang.srt.runtime_context import get_server_args
+
+    if not isinstance(sglang_model, DeepseekV4ForCausalLM):
+        return
+    model_path = get_server_args().model_path
+    cfg = V41Config.from_json_file(model_path)
+    reference = reference_model_from_sglang(sglang_model, cfg, model_path)
+    sglang_model._sglang_asym_reference = reference  # the pool is bound on the first forward
+    sglang_model.forward = _LazyPoolBinding(sglang_model, reference)
+    log.info("sglang-asym: DeepSeek-V4.1 runs the reference forward over SGLang's pool on CPU")
+
+
+class _LazyPoolBinding:
+    """The model runner builds its KV pool after loading the model: bind it on the first call."""
+
+    def __init__(self, sglang_model: torch.nn.Module, reference: V41Model) -> None:
+        self.sglang_model, self.reference = sglang_model, reference
+        self.bound: ReferenceForward | None = None
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        if self.bound is None:
+            if _FACTS.kv_pool is None:
+                raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
+            self.bound = ReferenceForward(self.reference, _FACTS.kv_pool, _FACTS.req_to_token, DEFAULT_SEMANTICS)
+        with torch.no_grad():
+            return self.bound(input_ids, positions, forward_batch, *args, **kwargs)
