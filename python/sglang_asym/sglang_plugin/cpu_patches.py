@@ -10,6 +10,8 @@ Launcher:
   chat_encoding.resolve_chat_encoding_spec       AROUND   a checkpoint whose tokenizer lacks DeepSeek's
                         chat special tokens (the small generated checkpoints) keeps its own chat
                         template instead of DeepSeek's reference encoder, which cannot encode for it
+  TokenizerManager._validate_one_request         AROUND   refuse token ids outside the model's vocabulary
+                        with a 400 (SGLang does not check them, and one would crash the scheduler)
 Scheduler:
   kv_cache_configurator.reject_out_of_tree_path  AROUND   let the DeepSeek-V4 KV pool be built on this
                         platform: it is plain torch tensors on "cpu" (every other refusal stays)
@@ -92,6 +94,16 @@ def around_resolve_chat_encoding_spec(original: Callable, *args: Any, **kwargs: 
     return spec
 
 
+def around_validate_one_request(original: Callable, manager: Any, obj: Any, input_ids: Any, *args: Any,
+                                **kwargs: Any) -> Any:
+    result = original(manager, obj, input_ids, *args, **kwargs)
+    vocab_size = manager.model_config.vocab_size
+    for index, token in enumerate(input_ids or ()):
+        if not 0 <= int(token) < vocab_size:
+            raise ValueError(f"input_ids[{index}] = {int(token)} is outside the model's vocabulary [0, {vocab_size})")
+    return result
+
+
 def around_reject_out_of_tree_path(original: Callable, platform: Any, *, subsystem: str) -> None:
     if subsystem == DSV4_POOL_SUBSYSTEM:
         return None
@@ -134,6 +146,8 @@ def no_mhc_prewarm(model: Any) -> None:
 CPU_PATCHES: tuple[CpuPatch, ...] = (
     CpuPatch("sglang.srt.entrypoints.openai.chat_encoding.resolve_chat_encoding_spec", "AROUND",
              around_resolve_chat_encoding_spec, "generated checkpoints chat with their own template", LAUNCHER),
+    CpuPatch("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "AROUND",
+             around_validate_one_request, "out-of-vocabulary ids get a 400", LAUNCHER),
     CpuPatch("sglang.srt.mem_cache.kv_cache_configurator.reject_out_of_tree_path", "AROUND",
              around_reject_out_of_tree_path, "build the DeepSeek-V4 pool on CPU"),
     CpuPatch(f"{MEMORY_POOL}.select_dsv4_kv_layout", "REPLACE", select_cpu_kv_layout,

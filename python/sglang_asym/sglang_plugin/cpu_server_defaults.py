@@ -8,6 +8,8 @@ declarations); a value the user gave on the command line is never replaced.
   max_total_tokens                         CPU_MAX_TOTAL_TOKENS: SGLang would otherwise size the pool
                                            from a fraction of the whole machine's RAM
   max_running_requests                     CPU_MAX_RUNNING: the V4 pool caps its SWA rings by it
+  sleep_on_idle                            True: an idle scheduler would otherwise poll at full speed
+                                           and hold a core (servers share a 2-core machine here)
   disable_radix_cache                      True: a cached prefix's decoder-layer window rows were
                                            computed under the request that wrote them (its replay
                                            floor), so a hit would not reproduce the reference forward
@@ -30,3 +32,4 @@ def apply_cpu_defaults(server_args: Any) -> None:
     if server_args.max_running_requests is None:
         server_args.max_running_requests = CPU_MAX_RUNNING
     server_args.disable_radix_cache = True
+    server_args.sleep_on_idle = True

@@ -56,6 +56,7 @@ INITIALIZE_MODEL = "sglang.srt.model_loader.loader._initialize_model"
 SETUP_STATE_KV_ARGS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
 PREFILL_QUEUE_ADD = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"
 SCHEDULER_ROLE = "scheduler"
+MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
 DIST_NAME = "sglang-asym"
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,7 @@ def register_hooks() -> None:
     if cpu_engine_selected():
         # SGLang's own engine on CPU: this process and every one it spawns gets the import stand-ins
         os.environ[CHILD_FLAG] = "1"
+        os.environ.setdefault(MOONCAKE_PROTOCOL_ENV, "tcp")  # PD transfer over TCP unless told otherwise
         cpu_import_gaps.install(STARTUP_GAPS)
         from .cpu_patches import LAUNCHER, apply_cpu_patches
 

@@ -1,0 +1,177 @@
+"""SGLang 0.5.23's own engine serving DeepSeek-V4.1 on CPU (`python -m sglang.launch_server --device cpu`):
+its scheduler, PD queues, Mooncake KV manager over TCP, tokenizer manager, detokenizer and HTTP server,
+with the project's reference forward over SGLang's DeepSeekV4TokenToKVPool (cpu_platform.py).
+
+Against the embedded runtime's `--disaggregation-mode null` (decoder replay, computed exactly):
+- `null` with a chunked-prefill size above the prompt, and SGLang's symmetric `prefill` / `decode`
+  over Mooncake behind sglang-router and smg, give the same greedy tokens for N in {1, 127, 128, 129,
+  130, 600, 1500}, one request at a time;
+- with a chunked-prefill size below the prompt, SGLang's chunks are other forwards than the embedded
+  runtime's one-pass prefix (a release-format rounding can flip between them), so the greedy tokens
+  are checked against the reference model run in-process over exactly those chunks;
+- 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
+  serving; aborted requests leave SGLang's own pool counters where they started.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import ServerProcess, post, start_server
+
+from .helpers import ids, router_over, serving
+
+pytestmark = pytest.mark.timeout(1500)
+
+LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
+NEW_TOKENS = 8
+SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
+SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
+
+
+def _sglang(mode: str, checkpoint: Path, logs: Path, *extra: str) -> ServerProcess:
+    return start_server(mode, checkpoint, logs, "--device", "cpu", "--enable-metrics", *extra,
+                        module="sglang.launch_server", env=SGLANG_ENV)
+
+
+@pytest.fixture(scope="module")
+def sglang_checkpoint(tmp_path_factory) -> Path:
+    """The small V4.1 at SGLang's pool geometry (head_dim 512), release precision, with a tokenizer."""
+    from sglang_asym.checkpoint import write_tokenizer
+    from sglang_asym.checkpoint.quantization import without_quantization
+    from sglang_asym.checkpoint.writer import write_checkpoint
+    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+
+    out = tmp_path_factory.mktemp("sglang_ckpt")
+    write_checkpoint(out, without_quantization(sglang_small()), seed=11, precision="release", num_shards=3,
+                     progress=False)
+    write_tokenizer(out, sglang_small())
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(sglang_checkpoint, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("sglang_engine_logs")
+    servers = {
+        "reference": start_server("null", sglang_checkpoint, logs),  # the embedded runtime
+        "null": _sglang("null", sglang_checkpoint, logs),
+        "null_small_chunks": _sglang("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK)),
+        "prefill": _sglang("prefill", sglang_checkpoint, logs),
+        "decode": _sglang("decode", sglang_checkpoint, logs),
+    }
+    with serving(servers, timeout_s=600):
+        yield servers
+
+
+def _greedy(base: str, prompt: list[int]) -> list[int]:
+    status, resp = post(base + "/generate", {"input_ids": prompt,
+                                             "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}},
+                        timeout_s=600)
+    assert status == 200, resp
+    assert len(resp["output_ids"]) == NEW_TOKENS
+    return resp["output_ids"]
+
+
+def _prompt(n: int) -> list[int]:
+    return ids(n, seed=n)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_null_equals_the_embedded_runtime(engines, n):
+    prompt = _prompt(n)
+    assert _greedy(engines["null"].url, prompt) == _greedy(engines["reference"].url, prompt)
+
+
+@pytest.mark.parametrize("flavor, lengths", [(RouterFlavor.SGLANG_ROUTER, LENGTHS), (RouterFlavor.SMG, (1, 129, 600))],
+                         ids=["sglang-router", "smg"])
+def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, flavor, lengths):
+    with router_over(engines["prefill"], engines["decode"], flavor) as router:
+        for n in lengths:
+            prompt = _prompt(n)
+            assert _greedy(router.url, prompt) == _greedy(engines["reference"].url, prompt), f"N={n}"
+
+
+def _reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int) -> list[int]:
+    """Greedy tokens of the reference model run over SGLang's chunks of `chunk` prompt tokens, each cut
+    where the reference forward cuts it (reference_forward.pieces), then decoded one token at a time."""
+    from sglang_asym.cache import CacheSizing
+    from sglang_asym.model.loading import model_from_checkpoint
+    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, RequestRows, pieces
+
+    model = model_from_checkpoint(checkpoint, cache_quant="release")
+    cfg, n = model.cfg, len(prompt)
+    tokens = torch.tensor(prompt)
+    cache = model.new_cache_set(CacheSizing(1, n + NEW_TOKENS + 1, 64)).new_request()
+    logits = None
+    for start in range(0, n, chunk):
+        rows = RequestRows(0, start, tokens[start:start + chunk], n)
+        for piece, floors in pieces(rows, cfg, cfg.sliding_window, DEFAULT_SEMANTICS, 32):
+            cache.swa_floor.update(floors)
+            logits = model(piece.tokens, cache, logits="last")
+    out = [int(logits.argmax())]
+    while len(out) < NEW_TOKENS:
+        out.append(int(model(torch.tensor(out[-1:]), cache, logits="last").argmax()))
+    cache.release()
+    return out
+
+
+@pytest.mark.parametrize("n", (300, 600))
+def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
+    prompt = _prompt(n)
+    assert _greedy(engines["null_small_chunks"].url, prompt) == \
+        _reference_greedy_over_chunks(sglang_checkpoint, prompt, SMALL_CHUNK)
+
+
+def test_eight_concurrent_requests_through_the_pair_all_complete(engines):
+    with router_over(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        prompts = [_prompt(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            outputs = list(pool.map(lambda p: _greedy(router.url, p), prompts))
+    assert [len(o) for o in outputs] == [NEW_TOKENS] * 8
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"input_ids": [5000, 6]}, "outside the model's vocabulary [0, 1024)"),
+    ({"input_ids": [-1, 6]}, "outside the model's vocabulary [0, 1024)"),
+    ({"input_ids": []}, "input_ids cannot be empty"),
+    ({"input_ids": [5, 6], "sampling_params": {"temperature": -1}}, "temperature must be a non-negative"),
+    ({"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 20000}}, "maximum context length"),
+])
+def test_bad_input_gets_a_400_and_the_servers_keep_serving(engines, body, message):
+    for server in ("null", "prefill"):
+        status, resp = post(engines[server].url + "/generate", body)
+        assert status == 400, resp
+        assert message in resp["error"]["message"]
+    assert len(_greedy(engines["null"].url, _prompt(3))) == NEW_TOKENS
+
+
+def _used_tokens(server: ServerProcess) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("sglang:num_used_tokens"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{server.mode}: /metrics has no sglang:num_used_tokens")
+
+
+def test_aborted_requests_leave_the_pools_where_they_started(engines):
+    """Clients that give up mid-request (here: a 1 s read timeout while the prompt is still being
+    computed) abort through SGLang; afterwards SGLang's own used-token counters are back at zero."""
+    server = engines["null"]
+    assert _used_tokens(server) == 0
+    body = {"input_ids": _prompt(1500), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    for _ in range(3):
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            post(server.url + "/generate", body, timeout_s=1)
+    deadline = time.monotonic() + 120
+    while _used_tokens(server) != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _used_tokens(server) == 0
+    assert len(_greedy(server.url, _prompt(3))) == NEW_TOKENS
