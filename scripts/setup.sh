@@ -16,6 +16,8 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "is ignored" || true
 .venv/bin/pip install -q -r requirements.txt 2>&1 | grep -v "is ignored" || true
 .venv/bin/pip install -q --no-deps -e . 2>&1 | grep -v "is ignored" || true
+# interpreter start-up hook for SGLang's spawned processes on CPU (a .pth file; see sglang-asym-startup/)
+.venv/bin/pip install -q --no-deps ./sglang-asym-startup 2>&1 | grep -v "is ignored" || true
 .venv/bin/pip install -q --no-deps -e sgl-kernel-ext 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c 'import torch, sglang_asym; print("[setup] .venv ready: torch", torch.__version__)'
 if [ "${SKIP_SGLANG:-0}" != 1 ]; then bash scripts/setup_sglang.sh .venv; fi

@@ -679,7 +679,50 @@ def weights(checkpoint: str) -> dict:
             "dropped_are_zero": all(not ours[n].any() for n in dropped)}
 
 
-CHECKS = {"load": load, "payload": payload, "bootstrap": bootstrap, "intake": intake, "weights": weights}
+def cpu_patches() -> dict:
+    """Every CPU_PATCHES target as the pinned SGLang has it (signature, or the attribute's value), and
+    whether HookRegistry applied each one in this process; the platform's entry point and class."""
+    import importlib
+    import os
+    from importlib.metadata import entry_points
+
+    from sglang_asym.sglang_plugin import cpu_import_gaps
+    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_asym.sglang_plugin import cpu_patches as cp
+
+    targets = {}
+    for patch in cp.CPU_PATCHES:
+        owner, attr = patch.target.rsplit(".", 1)
+        module_path, _, cls_name = owner.rpartition(".")
+        try:
+            holder = importlib.import_module(owner)
+        except ImportError:
+            holder = getattr(importlib.import_module(module_path), cls_name)
+        value = inspect_value = getattr(holder, attr)
+        if patch.kind == "ATTRIBUTE":
+            targets[patch.target] = {"value": inspect_value}
+        else:
+            targets[patch.target] = {"params": list(__import__("inspect").signature(value).parameters)}
+    for process in (cp.LAUNCHER, cp.SCHEDULER):
+        cp.apply_cpu_patches(process)
+    platforms = [(ep.name, ep.value) for ep in entry_points(group="sglang.srt.platforms") if ep.dist.name == "sglang-asym"]
+    os.environ["SGLANG_PLATFORM"] = "sglang_asym"
+    from sglang_asym.sglang_plugin.cpu_platform import activate
+    from sglang.srt.platforms import current_platform
+
+    return {"targets": targets, "applied": sorted(t for t in HookRegistry._patched),
+            "attributes_now": {p.target: getattr(getattr(importlib.import_module(p.target.rsplit(".", 2)[0]),
+                                                         p.target.rsplit(".", 2)[1]), p.target.rsplit(".", 1)[1])
+                               for p in cp.CPU_PATCHES if p.kind == "ATTRIBUTE"},
+            "platform_entry_points": platforms, "activate": activate(),
+            "platform": type(current_platform).__name__, "out_of_tree": current_platform.is_out_of_tree()}
+
+
+CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload, "bootstrap": bootstrap, "intake": intake}
 
 if __name__ == "__main__":
     report = CHECKS[sys.argv[1]](*sys.argv[2:])

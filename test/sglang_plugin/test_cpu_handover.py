@@ -1,4 +1,5 @@
-"""The CPU hand-over decision and the prepare_server_args hook, driven without patching SGLang."""
+"""The CPU hand-over decision and the prepare_server_args hook, driven without patching SGLang: only the
+asymmetric modes hand over to the embedded runtime on CPU (SGLang's own engine serves the others)."""
 
 from types import SimpleNamespace
 
@@ -27,8 +28,8 @@ def test_runs_on_cpu():
 def test_which_servers_hand_over(v41_checkpoint, llama_checkpoint):
     asym = AsymSettings("asym-prefill")
     assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint, asym)) is True
-    assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint)) is True  # symmetric V4.1 on CPU
-    assert cpu_handover.should_hand_over(record("cpu", llama_checkpoint)) is False  # SGLang keeps other models
+    assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint)) is False  # SGLang's engine on CPU
+    assert cpu_handover.should_hand_over(record("cpu", llama_checkpoint)) is False
     assert cpu_handover.should_hand_over(record("cuda", v41_checkpoint, asym)) is False
     assert cpu_handover.is_v41_checkpoint(None) is False
 
@@ -72,15 +73,18 @@ def test_prepare_hook_hands_cpu_servers_over(monkeypatch, v41_checkpoint, llama_
     assert hooks.around_prepare_server_args(lambda argv: gpu, ["a"]) is gpu
     other = record("cpu", llama_checkpoint)
     assert hooks.around_prepare_server_args(lambda argv: other, ["b"]) is other
+    symmetric = record("cpu", v41_checkpoint)
+    assert hooks.around_prepare_server_args(lambda argv: symmetric, ["e"]) is symmetric
     assert handed == []
-    hooks.around_prepare_server_args(lambda argv: record("cpu", v41_checkpoint), ["c", "d"])
+    hooks.around_prepare_server_args(lambda argv: record("cpu", v41_checkpoint, AsymSettings("asym-prefill")),
+                                     ["c", "d"])
     assert handed == [["c", "d"]]
 
 
 def test_prepare_hook_reports_a_missing_runtime(monkeypatch, capsys, v41_checkpoint):
     monkeypatch.setattr(cpu_handover, "LAUNCHER_MODULE", "sglang_asym.no_such_launcher")
     with pytest.raises(SystemExit) as exit_info:
-        hooks.around_prepare_server_args(lambda argv: record("cpu", v41_checkpoint), [])
+        hooks.around_prepare_server_args(lambda argv: record("cpu", v41_checkpoint, AsymSettings("asym-decode")), [])
     assert exit_info.value.code == 1
     assert capsys.readouterr().err == (
         "sglang-asym: error: this server runs on CPU and hands over to sglang-asym's embedded runtime, "

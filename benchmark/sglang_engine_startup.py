@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""Start-up time and peak memory of SGLang's own engine on CPU next to the embedded runtime.
+
+    .venv/bin/python benchmark/sglang_engine_startup.py
+
+Writes the small V4.1 at SGLang's pool geometry (sglang_shapes.sglang_small, release precision) and
+starts, one after another on 127.0.0.1: the embedded runtime's null, prefill and decode servers
+(`python -m sglang_asym.launch_server`) and SGLang's (`python -m sglang.launch_server --device cpu`).
+For each: seconds from spawn to a healthy /health and to the first completed /generate, and the peak
+resident memory (VmHWM) of every process of the server's tree, summed, plus the largest single one
+(SGLang runs its model in a scheduler process beside the launcher and the detokenizer). Both stacks
+run the same checkpoint one at a time, so their ratios are side by side in one run. Writes
+benchmark/results/sglang_engine_startup.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sglang_asym.checkpoint import write_tokenizer
+from sglang_asym.checkpoint.quantization import without_quantization
+from sglang_asym.checkpoint.writer import write_checkpoint
+from sglang_asym.runtime.server_process import post, start_server, wait_healthy
+from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("null", "prefill", "decode")
+STACKS = {
+    "embedded": dict(module="sglang_asym.launch_server", extra=(), env=None),
+    "sglang": dict(module="sglang.launch_server", extra=("--device", "cpu"), env={"SGLANG_PLUGINS": "sglang_asym"}),
+}
+
+
+def _children(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                kids = (task / "children").read_text().split()
+                todo += [int(k) for k in kids]
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _peak_mb(pid: int) -> tuple[float, float]:
+    peaks = []
+    for p in _children(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) / 1024)
+        except FileNotFoundError:
+            pass
+    return round(sum(peaks), 1), round(max(peaks, default=0.0), 1)
+
+
+def measure(stack: str, mode: str, checkpoint: Path, logs: Path) -> dict:
+    spec = STACKS[stack]
+    started = time.monotonic()
+    server = start_server(mode, checkpoint, logs, *spec["extra"], module=spec["module"], env=spec["env"])
+    try:
+        wait_healthy(server, timeout_s=600)
+        healthy_s = time.monotonic() - started
+        first_s = None
+        if mode == "null":
+            status, resp = post(server.url + "/generate", {"input_ids": list(range(3, 203)),
+                                                          "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+            assert status == 200, resp
+            first_s = round(time.monotonic() - started, 1)
+        total, largest = _peak_mb(server.proc.pid)
+        return {"healthy_s": round(healthy_s, 1), "first_generate_s": first_s, "peak_rss_mb_sum": total,
+                "peak_rss_mb_largest_process": largest}
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint, logs = Path(tmp) / "ckpt", Path(tmp) / "logs"
+        logs.mkdir()
+        write_checkpoint(checkpoint, without_quantization(sglang_small()), seed=11, precision="release",
+                         num_shards=3, progress=False)
+        write_tokenizer(checkpoint, sglang_small())
+        rows = {}
+        for mode in MODES:
+            for stack in STACKS:
+                rows[f"{stack}/{mode}"] = measure(stack, mode, checkpoint, logs)
+                print(f"{stack:8s} {mode:8s} {rows[f'{stack}/{mode}']}", flush=True)
+    ratios = {mode: {key: round(rows[f"sglang/{mode}"][key] / rows[f"embedded/{mode}"][key], 2)
+                     for key in ("healthy_s", "peak_rss_mb_sum", "peak_rss_mb_largest_process")}
+              for mode in MODES}
+    report = {"benchmark": "sglang_engine_startup", "command": "python benchmark/sglang_engine_startup.py",
+              "checkpoint": "sglang_shapes.sglang_small(), release precision, seed 11",
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+              "runs": rows, "sglang_over_embedded": ratios}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "sglang_engine_startup.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(ratios, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

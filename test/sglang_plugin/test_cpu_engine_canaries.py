@@ -1,0 +1,75 @@
+"""Canaries of SGLang's own engine on CPU: every symbol cpu_patches.py changes, exactly as the pinned SGLang
+0.5.23 has it, applied in a fresh process (the modules need the CPU import stand-ins); the platform's entry
+point and class; and the reference model recovered from SGLang's loaded parameters equals the checkpoint."""
+
+import json
+
+import pytest
+
+from sglang_asym.checkpoint import write_tokenizer
+from sglang_asym.checkpoint.quantization import without_quantization
+from sglang_asym.checkpoint.writer import write_checkpoint
+from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+
+from .conftest import REPO, run_python
+
+EXPECTED_TARGETS = {
+    "sglang.srt.entrypoints.openai.chat_encoding.resolve_chat_encoding_spec":
+        {"params": ["hf_config", "tokenizer", "tool_call_parser"]},
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request":
+        {"params": ["self", "obj", "input_ids"]},
+    "sglang.srt.mem_cache.kv_cache_configurator.reject_out_of_tree_path": {"params": ["platform", "subsystem"]},
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.select_dsv4_kv_layout": {"params": []},
+    "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend.init_forward_metadata":
+        {"params": ["self", "forward_batch"]},
+    "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._snapshot_prefill_shared_reads":
+        {"params": ["self", "forward_batch", "num_qo_tokens"]},
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices": {"value": True},
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new":
+        {"params": ["batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm",
+                    "extend_position_info", "spec_mrope_positions", "kv_loc_plan", "write_cols"]},
+    "sglang.srt.layers.rotary_embedding.rope_variant.get_device": {"params": ["device_id"]},
+    "sglang.srt.layers.rotary_embedding.factory.get_rope_wrapper":
+        {"params": ["head_size", "rotary_dim", "max_position", "base", "is_neox_style", "rope_scaling", "dtype",
+                    "partial_rotary_factor", "device"]},
+    "sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM._prewarm_mhc_kernels": {"params": ["self"]},
+}
+
+
+def _report(*args) -> dict:
+    done = run_python([str(REPO / "test/sglang_plugin/sglang_cpu_checks.py"), *args], timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("REPORT "))
+
+
+@pytest.fixture(scope="module")
+def patches() -> dict:
+    return _report("cpu_patches")
+
+
+def test_every_patched_symbol_is_as_pinned(patches):
+    assert patches["targets"] == EXPECTED_TARGETS
+
+
+def test_every_hook_is_applied_and_the_attribute_set(patches):
+    hooked = {t for t, v in EXPECTED_TARGETS.items() if "params" in v}
+    assert hooked <= set(patches["applied"])
+    assert patches["attributes_now"] == {
+        "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices": False}
+
+
+def test_the_platform_entry_point_and_class(patches):
+    assert patches["platform_entry_points"] == [["sglang_asym", "sglang_asym.sglang_plugin.cpu_platform:activate"]]
+    assert patches["activate"] == "sglang_asym.sglang_plugin.cpu_platform.AsymCpuPlatform"
+    assert (patches["platform"], patches["out_of_tree"]) == ("AsymCpuPlatform", True)
+
+
+def test_the_reference_model_from_sglangs_parameters_equals_the_checkpoint(tmp_path):
+    write_checkpoint(tmp_path, without_quantization(sglang_small()), seed=5, precision="release", num_shards=2,
+                     progress=False)
+    write_tokenizer(tmp_path, sglang_small())
+    report = _report("weights", str(tmp_path))
+    assert report["same_keys"] and report["num_differing"] == 0, report["differing"]
+    assert report["compared"] == 2838
+    assert (report["dropped"], report["dropped_are_zero"]) == (40, True)  # gate.bias_vl: vision routing only
