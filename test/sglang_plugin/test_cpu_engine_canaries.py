@@ -66,7 +66,7 @@ def test_the_platform_entry_point_and_class(patches):
 
 
 def test_the_reference_model_from_sglangs_parameters_equals_the_checkpoint(tmp_path):
-    write_checkpoint(tmp_path, without_quantization(sglang_small()), seed=5, precision="release", num_shards=2,
+    write_checkpoint(tmp_path, without_quantization(sglang_small()), seed=5, precision="release", num_shards=3,
                      progress=False)
     write_tokenizer(tmp_path, sglang_small())
     report = _report("weights", str(tmp_path))

@@ -16,6 +16,7 @@ Against the embedded runtime's `--disaggregation-mode null` (decoder replay, com
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -24,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 from sglang_asym.runtime.server_process import ServerProcess, post, start_server
 
-from .helpers import ids, router_over, serving
+from .helpers import ids, serving
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -69,6 +70,23 @@ def engines(sglang_checkpoint, tmp_path_factory):
     }
     with serving(servers, timeout_s=600):
         yield servers
+
+
+@contextlib.contextmanager
+def router_over(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor):
+    """A router in front of the pair. SGLang's /health runs a request through the scheduler, which on
+    2 shared cores can take longer than the router's 5 s default while a long prompt computes: the
+    health check gets 60 s and 10 failures before a worker counts as down."""
+    proc = RouterProcess(RouterConfig(
+        prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,), port=pick_free_port(),
+        flavor=flavor, retry_max_retries=1,
+        extra_args=("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold",
+                    "10")))
+    proc.start(ready_timeout_s=180)
+    try:
+        yield proc
+    finally:
+        proc.stop()
 
 
 def _greedy(base: str, prompt: list[int]) -> list[int]:
