@@ -28,6 +28,8 @@ EXPECTED_TARGETS = {
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new":
         {"params": ["batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm",
                     "extend_position_info", "spec_mrope_positions", "kv_loc_plan", "write_cols"]},
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req":
+        {"params": ["self", "decode_req"]},
     "sglang.srt.layers.rotary_embedding.rope_variant.get_device": {"params": ["device_id"]},
     "sglang.srt.layers.rotary_embedding.factory.get_rope_wrapper":
         {"params": ["head_size", "rotary_dim", "max_position", "base", "is_neox_style", "rope_scaling", "dtype",

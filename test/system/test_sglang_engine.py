@@ -38,9 +38,15 @@ SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
 SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
 
 
-def _sglang(mode: str, checkpoint: Path, logs: Path, *extra: str) -> ServerProcess:
+def _sglang(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
     return start_server(mode, checkpoint, logs, "--device", "cpu", "--enable-metrics", *extra,
-                        module="sglang.launch_server", env=SGLANG_ENV)
+                        module="sglang.launch_server", env={**SGLANG_ENV, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    """Where P and D dump each request's pool rows (pool_dump.py, a test aid)."""
+    return tmp_path_factory.mktemp("pool_dumps")
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +65,15 @@ def sglang_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engines(sglang_checkpoint, tmp_path_factory):
+def engines(sglang_checkpoint, dumps, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_engine_logs")
+    dump_env = {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
     servers = {
         "reference": start_server("null", sglang_checkpoint, logs),  # the embedded runtime
         "null": _sglang("null", sglang_checkpoint, logs),
         "null_small_chunks": _sglang("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK)),
-        "prefill": _sglang("prefill", sglang_checkpoint, logs),
-        "decode": _sglang("decode", sglang_checkpoint, logs),
+        "prefill": _sglang("prefill", sglang_checkpoint, logs, env=dump_env),
+        "decode": _sglang("decode", sglang_checkpoint, logs, env=dump_env),
     }
     with serving(servers, timeout_s=600):
         yield servers
@@ -115,6 +122,34 @@ def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, fla
         for n in lengths:
             prompt = _prompt(n)
             assert _greedy(router.url, prompt) == _greedy(engines["reference"].url, prompt), f"N={n}"
+
+
+def test_after_a_symmetric_transfer_d_holds_ps_rows_byte_for_byte(engines, dumps):
+    """Every row a later step reads (each layer's last-window rows, every compressed row and index key,
+    the pending compressor token), read out of P's pool after its prefill and out of D's pool right
+    after SGLang's Mooncake transfer committed the request, at each side's own slots."""
+    import numpy as np
+
+    for old in dumps.glob("*.npz"):
+        old.unlink()
+    with router_over(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        for n in (129, 600, 1501):
+            _greedy(router.url, _prompt(n))
+    rooms = sorted(path.name.removeprefix("decode-") for path in dumps.glob("decode-*.npz"))
+    assert len(rooms) == 3 and sorted(p.name.removeprefix("prefill-") for p in dumps.glob("prefill-*.npz")) == rooms
+    seen_lengths = []
+    for room in rooms:
+        p, d = np.load(dumps / f"prefill-{room}"), np.load(dumps / f"decode-{room}")
+        n = int(p["num_tokens"])
+        seen_lengths.append(n)
+        assert sorted(p.files) == sorted(d.files)
+        assert ("tail.L2" in p.files) == (n % 2 == 1)
+        assert p["swa.L39"].shape == (min(n, 128), 528) and p["kv.L20"].shape == (n, 288)
+        assert p["kv.L2"].shape == (n // 2, 288) and p["index.L2"].shape == (n // 2, 68)
+        for group in p.files:
+            assert np.array_equal(p[group], d[group]), (n, group)
+        assert p["kv.L20"].any() and p["swa.L0"].any()  # real rows, not an empty pool
+    assert sorted(seen_lengths) == [129, 600, 1501]
 
 
 def _reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int) -> list[int]:
@@ -179,17 +214,30 @@ def _used_tokens(server: ServerProcess) -> float:
     raise AssertionError(f"{server.mode}: /metrics has no sglang:num_used_tokens")
 
 
+def _settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used = [_used_tokens(s) for s in servers]
+        if not any(used):
+            return used
+        time.sleep(1)
+    return [_used_tokens(s) for s in servers]
+
+
 def test_aborted_requests_leave_the_pools_where_they_started(engines):
-    """Clients that give up mid-request (here: a 1 s read timeout while the prompt is still being
-    computed) abort through SGLang; afterwards SGLang's own used-token counters are back at zero."""
-    server = engines["null"]
-    assert _used_tokens(server) == 0
+    """Clients that give up mid-request (a 1 s read timeout while the prompt is still being computed)
+    abort through SGLang, alone and through the pair; afterwards SGLang's own used-token counters are
+    back at zero on every server, and each serves the next request."""
+    pair = [engines["prefill"], engines["decode"]]
+    assert _settle([engines["null"], *pair]) == [0, 0, 0]
     body = {"input_ids": _prompt(1500), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
     for _ in range(3):
         with pytest.raises((TimeoutError, urllib.error.URLError)):
-            post(server.url + "/generate", body, timeout_s=1)
-    deadline = time.monotonic() + 120
-    while _used_tokens(server) != 0 and time.monotonic() < deadline:
-        time.sleep(1)
-    assert _used_tokens(server) == 0
-    assert len(_greedy(server.url, _prompt(3))) == NEW_TOKENS
+            post(engines["null"].url + "/generate", body, timeout_s=1)
+    with router_over(*pair, RouterFlavor.SGLANG_ROUTER) as router:
+        for _ in range(3):
+            with pytest.raises((TimeoutError, urllib.error.URLError)):
+                post(router.url + "/generate", body, timeout_s=1)
+        assert _settle([engines["null"], *pair]) == [0, 0, 0]
+        assert len(_greedy(router.url, _prompt(3))) == NEW_TOKENS
+    assert len(_greedy(engines["null"].url, _prompt(3))) == NEW_TOKENS

@@ -25,6 +25,8 @@ Scheduler:
   ForwardBatch.init_new                          AROUND   hand the reference forward each request's
                         prompt length by req slot (it applies SGLang's replay floors from it) and the
                         runner's pools (the ForwardBatch the model sees may be a copy: no attributes)
+  DecodeTransferQueue._commit_transfer_to_req    AFTER    a test aid, a no-op unless SGLANG_ASYM_POOL_DUMP_DIR
+                        is set: dump the rows D received (pool_dump.py)
   rope_variant.get_device                        REPLACE  "cpu" (it raises without an accelerator)
   rotary_embedding.factory.get_rope_wrapper      AROUND   the generic rope for device "cpu": the CPU
                         branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none
@@ -129,6 +131,12 @@ def around_forward_batch_init_new(original: Callable, cls: type, batch: Any, mod
     return original(cls, batch, model_runner, *args, **kwargs)
 
 
+def _after_commit_transfer(*args: Any, **kwargs: Any) -> None:
+    from .pool_dump import after_commit_transfer
+
+    after_commit_transfer(*args, **kwargs)
+
+
 def cpu_device(*args: Any, **kwargs: Any) -> str:
     return "cpu"
 
@@ -160,6 +168,8 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
              False, "no pinned memory or CUDA events in P's send path"),
     CpuPatch("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", "AROUND",
              around_forward_batch_init_new, "prompt lengths for the replay floors"),
+    CpuPatch("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AFTER",
+             lambda *args, **kwargs: _after_commit_transfer(*args, **kwargs), "test aid: D's received rows"),
     CpuPatch("sglang.srt.layers.rotary_embedding.rope_variant.get_device", "REPLACE", cpu_device,
              "the rope factory's device lookup"),
     CpuPatch("sglang.srt.layers.rotary_embedding.factory.get_rope_wrapper", "AROUND", around_get_rope_wrapper,

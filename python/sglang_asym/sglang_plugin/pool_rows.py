@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..config import V41Config
@@ -157,6 +158,27 @@ class PoolRows:
         d_off, s_off = self._compressed_offsets(owner, kind, req, torch.arange(first_row, first_row + values.shape[0]))
         self._scatter(place.buffer, d_off, s_off, pack_rows(values.float(), place.fmt), place.data_bytes,
                       place.scale_bytes)
+
+    def snapshot(self, req: int, num_tokens: int) -> dict[str, np.ndarray]:
+        """The packed bytes of everything a request of `num_tokens` tokens holds that a later step reads:
+        each layer's window rows of the last W positions, every compressed row and index key, and the
+        pending token of each ratio-2 source (keyed by cache group name, as SGLang stores them)."""
+        out: dict[str, np.ndarray] = {}
+        data, scales = self._swa_parts
+        first = max(0, num_tokens - self.cfg.sliding_window)
+        for layer in range(self.cfg.num_hidden_layers):
+            flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(first, num_tokens))
+            out[f"swa.L{layer}"] = self._gather(flat, d_off, s_off, data, scales).numpy()
+        for owner, ratio in self.ratio.items():
+            rows = torch.arange(num_tokens // ratio)
+            for kind, places in (("kv", self._kv), ("index", self._index)):
+                place = places[owner]
+                d_off, s_off = self._compressed_offsets(owner, kind, req, rows)
+                out[f"{kind}.L{owner}"] = self._gather(place.buffer, d_off, s_off, place.data_bytes,
+                                                       place.scale_bytes).numpy()
+            if ratio == 2 and num_tokens % 2:
+                out[f"tail.L{owner}"] = self._ring_row(owner, req, num_tokens - 1).view(torch.uint8).numpy().copy()
+        return out
 
     def _ring_row(self, owner: int, req: int, token: int) -> torch.Tensor:
         ring = self.pool.compress_state_pools[owner]

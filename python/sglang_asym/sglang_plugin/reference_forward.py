@@ -31,6 +31,7 @@ from ..config import V41Config
 from ..model.model import SegmentInput, V41Model
 from ..sched.config import DEFAULT_WINDOW_CHUNK
 from ..split import Semantics, SplitPlan
+from .pool_dump import dump, dump_dir
 from .pool_rows import PoolRows
 from .sglang_weights import reference_model_from_sglang
 
@@ -46,6 +47,8 @@ class _ScheduleFacts:
     kv_pool: Any = None
     req_to_token: torch.Tensor | None = None
     prompt_len: dict[int, int] = field(default_factory=dict)
+    room: dict[int, int | None] = field(default_factory=dict)  # PD bootstrap room by req slot (pool_dump)
+    role: str = "null"  # SGLang's disaggregation mode of this server
 
 
 _FACTS = _ScheduleFacts()
@@ -55,10 +58,15 @@ def note_schedule_batch(batch: Any, model_runner: Any) -> None:
     if _FACTS.kv_pool is None and getattr(model_runner, "token_to_kv_pool", None) is not None:
         _FACTS.kv_pool = model_runner.token_to_kv_pool
         _FACTS.req_to_token = model_runner.req_to_token_pool.req_to_token
+        from sglang.srt.runtime_context import get_server_args
+
+        mode = get_server_args().disaggregation_mode
+        _FACTS.role = str(getattr(mode, "value", mode))
     reqs, slots = getattr(batch, "reqs", None), getattr(batch, "req_pool_indices", None)
     if reqs and slots is not None:
         for req, slot in zip(reqs, slots.tolist()):
             _FACTS.prompt_len[int(slot)] = len(req.origin_input_ids)
+            _FACTS.room[int(slot)] = getattr(req, "bootstrap_room", None)
 DEFAULT_SEMANTICS = Semantics.DECODER_REPLAY  # SGLang 0.5.23's default for V4.1 (bounded replay on)
 
 
@@ -164,6 +172,8 @@ class ReferenceForward:
             outputs = self.model.forward_batch(inputs)
             for (_, r, _), item in zip(phase, inputs):
                 self._store(item.cache, r)
+                if r.prompt_len == r.end and dump_dir() is not None:  # test aid (pool_dump.py)
+                    dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, r.end)
         finally:
             for item in inputs:
                 item.cache.release()
