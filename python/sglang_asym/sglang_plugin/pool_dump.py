@@ -30,7 +30,7 @@ def dump_dir() -> Path | None:
 
 def dump(rows: PoolRows, role: str, room: int | None, req: int, num_tokens: int) -> None:
     directory = dump_dir()
-    if directory is None or room is None:
+    if directory is None or not room:  # no room, or room 0: SGLang's fake transfer (health checks) moves nothing
         return
     snapshot = rows.snapshot(req, num_tokens)
     path = directory / f"{role}-{room}.npz"

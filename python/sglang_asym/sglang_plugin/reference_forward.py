@@ -37,6 +37,7 @@ from .sglang_weights import reference_model_from_sglang
 
 log = logging.getLogger(__name__)
 
+DEFAULT_SEMANTICS = Semantics.DECODER_REPLAY  # SGLang 0.5.23's default for V4.1 (bounded replay on)
 
 
 @dataclass
@@ -55,6 +56,7 @@ _FACTS = _ScheduleFacts()
 
 
 def note_schedule_batch(batch: Any, model_runner: Any) -> None:
+    """Called by the init_new hook for every ScheduleBatch this scheduler turns into a forward."""
     if _FACTS.kv_pool is None and getattr(model_runner, "token_to_kv_pool", None) is not None:
         _FACTS.kv_pool = model_runner.token_to_kv_pool
         _FACTS.req_to_token = model_runner.req_to_token_pool.req_to_token
@@ -67,7 +69,6 @@ def note_schedule_batch(batch: Any, model_runner: Any) -> None:
         for req, slot in zip(reqs, slots.tolist()):
             _FACTS.prompt_len[int(slot)] = len(req.origin_input_ids)
             _FACTS.room[int(slot)] = getattr(req, "bootstrap_room", None)
-DEFAULT_SEMANTICS = Semantics.DECODER_REPLAY  # SGLang 0.5.23's default for V4.1 (bounded replay on)
 
 
 @dataclass(frozen=True)
