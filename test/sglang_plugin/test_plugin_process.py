@@ -12,6 +12,12 @@ ASYM_TARGETS = [
     "sglang.srt.server_args.prepare_server_args",
     "sglang.srt.runtime_context.publish",
 ]
+# On a machine without CUDA the plugin also selects SGLang's engine on CPU: its launcher patches
+# (cpu_patches.py) are registered with the plugin's hooks and applied by load_plugins
+CPU_LAUNCHER_TARGETS = [
+    "sglang.srt.entrypoints.openai.chat_encoding.resolve_chat_encoding_spec",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +34,10 @@ def test_entry_point_registers_and_applies_every_hook(driver_report):
         ASYM_TARGETS[1]: [["AROUND", "sglang_asym", "sglang-asym"]],
         ASYM_TARGETS[2]: [["AROUND", "sglang_asym", "sglang-asym"]],
         ASYM_TARGETS[3]: [["AFTER", "sglang_asym", "sglang-asym"]],
+        CPU_LAUNCHER_TARGETS[0]: [["AROUND", "sglang_asym", "sglang-asym"]],
+        CPU_LAUNCHER_TARGETS[1]: [["AROUND", "sglang_asym", "sglang-asym"]],
     }
-    assert driver_report["patched"] == sorted(ASYM_TARGETS)
+    assert driver_report["patched"] == sorted(ASYM_TARGETS + CPU_LAUNCHER_TARGETS)
 
 
 def test_translation_through_prepare_server_args(driver_report, v41_checkpoint, llama_checkpoint):
@@ -43,13 +51,13 @@ def test_translation_through_prepare_server_args(driver_report, v41_checkpoint, 
     assert cases[3] == {"argv": cases[3]["argv"], "exit": 2, "stderr": (
         "sglang-asym: error: --disaggregation-mode asym-prefill transfers its prefix state over Mooncake; "
         "--disaggregation-transfer-backend nixl is not supported\n")}
-    # CPU: V4.1 servers (asymmetric or not) go to the embedded runtime with the unchanged command line.
+    # CPU: asymmetric servers go to the embedded runtime with the unchanged command line; a symmetric
+    # V4.1 server stays with SGLang's own engine (the CPU platform), as every other model does.
     assert cases[4] == {"argv": cases[4]["argv"], "exit": 7, "stderr": ""}
-    assert cases[5] == {"argv": cases[5]["argv"], "exit": 7, "stderr": ""}
+    assert cases[5] == {"argv": cases[5]["argv"], "mode": "null", "device": "cpu", "settings": None}
     assert cases[6] == {"argv": cases[6]["argv"], "mode": "null", "device": "cpu", "settings": None}
     assert driver_report["handed_over"] == [
         ["--model-path", v41, "--disaggregation-mode", "asym-decode", "--device", "cpu", "--port", "31000"],
-        ["--model-path", v41, "--device", "cpu"],
     ]
     assert llama not in json.dumps(driver_report["handed_over"])
 
