@@ -7,7 +7,11 @@ declarations); a value the user gave on the command line is never replaced.
                                            pool from free RAM and needs more than 10 GiB of it
   max_total_tokens                         CPU_MAX_TOTAL_TOKENS: SGLang would otherwise size the pool
                                            from a fraction of the whole machine's RAM
-  max_running_requests                     CPU_MAX_RUNNING: the V4 pool caps its SWA rings by it
+  max_running_requests                     CPU_MAX_RUNNING: the V4 pool sizes its SWA rings by it
+  mem_fraction_static                      CPU_MEM_FRACTION: SGLang keeps (1 - fraction) of the device's
+                                           TOTAL memory free; on CPU that is the whole machine's RAM, so
+                                           its default refuses to start a server on a busy machine
+                                           (a 24 GB machine with 4 GB free leaves 0.2 GB for the pool)
   sleep_on_idle                            True: an idle scheduler would otherwise poll at full speed
                                            and hold a core (servers share a 2-core machine here)
   disable_radix_cache                      True: a cached prefix's decoder-layer window rows were
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-CPU_MAX_TOTAL_TOKENS = 16384
-CPU_MAX_RUNNING = 16
+CPU_MAX_TOTAL_TOKENS = 8192
+CPU_MAX_RUNNING = 8
+CPU_MEM_FRACTION = 0.98
 
 
 def apply_cpu_defaults(server_args: Any) -> None:
@@ -31,5 +36,7 @@ def apply_cpu_defaults(server_args: Any) -> None:
         server_args.max_total_tokens = CPU_MAX_TOTAL_TOKENS
     if server_args.max_running_requests is None:
         server_args.max_running_requests = CPU_MAX_RUNNING
+    if server_args.mem_fraction_static is None:
+        server_args.mem_fraction_static = CPU_MEM_FRACTION
     server_args.disable_radix_cache = True
     server_args.sleep_on_idle = True

@@ -11,6 +11,8 @@ Against the embedded runtime's `--disaggregation-mode null` (decoder replay, com
   are checked against the reference model run in-process over exactly those chunks;
 - 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
   serving; aborted requests leave SGLang's own pool counters where they started.
+The file sorts before the other system tests on purpose: its five servers are up and gone before the
+session's embedded cluster starts, which keeps the suite's peak memory within the 24 GB machine.
 """
 
 from __future__ import annotations
