@@ -225,16 +225,15 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
     model_path = get_server_args().model_path
     cfg = V41Config.from_json_file(model_path)
     reference = reference_model_from_sglang(sglang_model, cfg, model_path)
-    sglang_model._sglang_asym_reference = reference  # the pool is bound on the first forward
-    sglang_model.forward = _LazyPoolBinding(sglang_model, reference)
+    sglang_model.forward = _LazyPoolBinding(reference)
     log.info("sglang-asym: DeepSeek-V4.1 runs the reference forward over SGLang's pool on CPU")
 
 
 class _LazyPoolBinding:
     """The model runner builds its KV pool after loading the model: bind it on the first call."""
 
-    def __init__(self, sglang_model: torch.nn.Module, reference: V41Model) -> None:
-        self.sglang_model, self.reference = sglang_model, reference
+    def __init__(self, reference: V41Model) -> None:
+        self.reference = reference
         self.bound: ReferenceForward | None = None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
