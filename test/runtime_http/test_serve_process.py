@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sglang_asym.runtime.lifetime import die_with_parent_preexec
 from sglang_asym.runtime.router_launch import pick_free_port
 
 from .harness import get, post_json, wait_until
@@ -31,7 +32,8 @@ def test_run_http_server_serves_until_sigterm(checkpoint_dir):
     port = pick_free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(checkpoint_dir), str(port)],
-                            cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent_preexec())
     try:
         wait_until(lambda: _answers(url) or proc.poll() is not None, timeout_s=30, what="the server to answer")
         assert proc.poll() is None, proc.stdout.read().decode()

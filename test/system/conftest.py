@@ -34,3 +34,12 @@ def cluster(small_checkpoint, tmp_path_factory):
     }
     with serving(servers):
         yield servers
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """The `tiny` preset (one shard, seconds to load): for process tests that do not need the real schedule."""
+    out = tmp_path_factory.mktemp("ckpt") / "v41-tiny"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_checkpoint.py"), "--config", "tiny", "--seed", "0",
+                    "--out", str(out), "--quiet"], check=True, timeout=300, capture_output=True)
+    return out

@@ -9,6 +9,7 @@ gRPC (an HTTP/2 preface), then call GET /health, /server_info, /model_info (smg 
 /version, /loads, /v1/loads, /metrics) and register the workers in the background; `/readiness` turns
 200 once both a prefill and a decode worker are healthy, which is what `start()` waits for. SIGTERM
 starts a graceful shutdown bounded by `--shutdown-grace-period-secs`; `stop()` escalates to SIGKILL.
+The router gets SIGKILL when the process (thread) that started it exits, even by SIGKILL (runtime/lifetime.py).
 
 Per request (both flavors, pinned by test/runtime_http/test_router.py): the body, re-serialized, goes to
 P and D at once with `bootstrap_host` (P's host), `bootstrap_port` and a fresh random `bootstrap_room`
@@ -35,6 +36,8 @@ import urllib.request
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+from sglang_asym.runtime.lifetime import die_with_parent_preexec
 
 
 class RouterFlavor(str, Enum):
@@ -133,7 +136,8 @@ class RouterProcess:
         prometheus_port = self.config.prometheus_port or pick_free_port(self.config.host)
         with self._log_path.open("wb") as log:
             self._proc = subprocess.Popen(self.config.command(prometheus_port), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=die_with_parent_preexec())
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:

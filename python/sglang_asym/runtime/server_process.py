@@ -1,5 +1,8 @@
 """Start, health-check and stop real `python -m sglang_asym.launch_server` processes (demo, benchmarks, tests),
-and small HTTP helpers to talk to them."""
+and small HTTP helpers to talk to them.
+
+Every server started here gets SIGKILL when the process (thread) that started it exits, however it exits
+(runtime/lifetime.py): a killed pytest or benchmark leaves no server behind."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_asym.runtime.lifetime import die_with_parent_preexec
 from sglang_asym.runtime.router_launch import pick_free_port
 
 
@@ -60,7 +64,9 @@ def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module
         args += ["--disaggregation-bootstrap-port", str(bootstrap)]
     log = log_dir / f"{mode}-{port}.log"
     env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent_preexec())
     return ServerProcess(mode, port, proc, log, bootstrap)
 
 

@@ -1,7 +1,8 @@
 """Run an object in a spawned child process and call its methods over a pipe, with timeouts.
 
 Used by the transfer tests and benchmark to host one prefill and one decode worker on
-127.0.0.1 (spawn start method: Mooncake engines must be created after the child starts).
+127.0.0.1 (spawn start method: Mooncake engines must be created after the child starts). An agent gets
+SIGKILL when its starter exits, even by SIGKILL (runtime/lifetime.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 import traceback
 from typing import Any
 
+from sglang_asym.runtime.lifetime import die_with_parent
+
 
 _NOT_READY = object()
 
@@ -27,7 +30,8 @@ class AgentError(RuntimeError):
         self.trace = trace
 
 
-def _agent_main(conn, target: str, kwargs: dict) -> None:
+def _agent_main(conn, target: str, kwargs: dict, parent_pid: int) -> None:
+    die_with_parent(signal.SIGKILL, expected_parent=parent_pid)
     logging.basicConfig(level=os.environ.get("SGLANG_ASYM_AGENT_LOG", "WARNING"),
                         format=f"%(asctime)s [agent {os.getpid()}] %(name)s: %(message)s")
     module, _, name = target.partition(":")
@@ -62,7 +66,8 @@ class AgentProcess:
         saved = {k: os.environ.get(k) for k in (env or {})}
         os.environ.update(env or {})  # spawn children inherit the environment at start()
         try:
-            self.process = ctx.Process(target=_agent_main, args=(child, target, kwargs), daemon=True)
+            self.process = ctx.Process(target=_agent_main, args=(child, target, kwargs, os.getpid()),
+                                       daemon=True)
             self.process.start()
         finally:
             for k, v in saved.items():
