@@ -3,17 +3,20 @@
 Each instance owns its own registry, so several engines in one process (tests, a colocated P and D)
 do not collide. Names follow SGLang's (`sglang:...`) where SGLang has the same quantity, so existing
 dashboards read them; quantities specific to the asymmetric split are `sglang_asym:...`.
-Every series carries the labels `model_name` and `role` (null / prefill / decode).
+Every series carries the labels `model_name` and `role` (null / prefill / decode). An engine attaches
+a pool probe (`attach_pool_probe`): its pool usage is read at every render (runtime/pool_metrics.py).
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Sequence
+from typing import Callable, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..sched import GraphKind
+from .pool_accounting import PoolSnapshot
+from .pool_metrics import PoolGauges
 
 _LABELS = ("model_name", "role")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -81,6 +84,15 @@ class EngineMetrics:
         self._spec_accept_length = bind(Histogram("sglang:spec_accept_length",
                                                   "Tokens emitted per verify step (accepted drafts + 1).", _LABELS,
                                                   buckets=_ACCEPT_BUCKETS, registry=reg))
+        self._pool_probe: Callable[[], PoolSnapshot] | None = None
+        self._pool_gauges: PoolGauges | None = None
+
+    def attach_pool_probe(self, probe: Callable[[], PoolSnapshot]) -> None:
+        """`probe()` is read at every render() and sets the pool gauges (runtime/pool_metrics.py)."""
+        if self._pool_probe is not None:
+            raise RuntimeError("a pool probe is already attached to these metrics")
+        self._pool_gauges = PoolGauges(self.registry, self._labels)
+        self._pool_probe = probe
 
     @staticmethod
     def _ttft_children(reg: CollectorRegistry, labels: dict[str, str]) -> dict[bool, Histogram]:
@@ -137,4 +149,6 @@ class EngineMetrics:
         self._requests.labels(**self._labels, finish_reason=finish_reason).inc()
 
     def render(self) -> bytes:
+        if self._pool_probe is not None:
+            self._pool_gauges.update(self._pool_probe())
         return generate_latest(self.registry)

@@ -260,6 +260,11 @@ class DecodeTransferManager:
         with self._lock:
             return len(self._rooms)
 
+    def landing_extents_in_use(self) -> int:
+        """Landing extents held by open rooms, quarantined after a failure, or handed over and not released."""
+        with self._lock:
+            return self.slots.holders(LANDING_POOL, [r.owned_slots() for r in self._rooms.values()])
+
     def close(self) -> None:
         self._loop.stop()
         self._worker.stop()

@@ -70,6 +70,12 @@ class DecodeSlots:
             if slots is not None:
                 self.free(slots)
 
+    def holders(self, pool: str, active: list[Slots]) -> int:
+        """How many owners (open rooms in `active`, quarantined rooms, handed-over rooms) hold slots of `pool`."""
+        with self._lock:
+            owners = active + [held.slots for held in self.quarantine.held()] + list(self._handed_over.values())
+            return sum(1 for slots in owners if len(slots.get(pool, ())) > 0)
+
     def report(self, active: list[Slots]) -> dict[str, dict[str, int]]:
         with self._lock:
             return self._report(active)

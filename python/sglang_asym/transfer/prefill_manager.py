@@ -266,6 +266,11 @@ class PrefillTransferManager:
         with self._lock:
             return len(self._rooms)
 
+    def staging_extents_in_use(self) -> int:
+        """Rooms holding a staging extent (freed once no write of the room is left)."""
+        with self._lock:
+            return sum(1 for room in self._rooms.values() if room.staging is not None)
+
     def close(self) -> None:
         self._loop.stop()
         self._writer.stop()

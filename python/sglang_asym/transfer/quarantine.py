@@ -48,6 +48,10 @@ class Quarantine:
                 del self._held[h.room]
             return due
 
+    def held(self) -> list[HeldRows]:
+        with self._lock:
+            return list(self._held.values())
+
     def rows_by_group(self) -> dict[str, int]:
         with self._lock:
             counts: dict[str, int] = {}

@@ -51,6 +51,11 @@ class RegisteredRegions:
     def __len__(self) -> int:
         return len(self._starts)
 
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(end - start for start, end in zip(self._starts, self._ends))
+
     def check(self, ptrs: np.ndarray, lengths: np.ndarray) -> None:
         """Raise unless every [ptr, ptr + length) lies inside one registered region."""
         if len(ptrs) <= SMALL_CHECK:

@@ -10,11 +10,13 @@ from typing import Any, AsyncIterator
 import torch
 from prometheus_client import Histogram
 
+from ...cache import CacheSet
 from ...config import V41Config
 from ...split import SplitPlan
 from ..engine_api import (BootstrapRequiredError, EngineRole, GenerateRequest, PromptTooLongError,
                           RequestRejectedError, TokenEvent)
 from ..metrics import EngineMetrics
+from ..pool_accounting import PoolSnapshot, TransferUsage, snapshot
 from .options import EngineOptions
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class EngineBase:
             "colocated server's prefix).", ("model_name", "role"), buckets=_COMPUTE_BUCKETS,
             registry=self._metrics.registry).labels(model_name=options.model_path, role=self.role.value)
         self._healthy = True
+        self._metrics.attach_pool_probe(self.pool_snapshot)
 
     # ---- EngineClient surface -------------------------------------------------------------
     @property
@@ -69,6 +72,17 @@ class EngineBase:
     def observe_prefill_compute(self, seconds: float) -> None:
         self._prefill_compute.observe(seconds)
 
+    # ---- pool accounting (runtime/pool_accounting.py) ------------------------------------------
+    def cache_sets(self) -> dict[str, CacheSet]:
+        """The engine's cache sets by name; "requests" holds the served requests."""
+        raise NotImplementedError
+
+    def transfer_usage(self) -> TransferUsage | None:
+        return None
+
+    def pool_snapshot(self) -> PoolSnapshot:
+        return snapshot(self.cache_sets(), self.transfer_usage())
+
     def model_info(self) -> dict[str, Any]:
         return {"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"],
                 "eos_token_ids": [self.cfg.eos_token_id], "is_generation": True}
@@ -78,7 +92,8 @@ class EngineBase:
                 "asym_semantics": self.options.semantics.value, "cache_quant": self.options.cache_quant,
                 "disaggregation_bootstrap_port": self.options.bootstrap_port,
                 "max_running_requests": self.options.max_running, "page_size": self.options.page_rows,
-                "max_total_num_tokens": self.options.max_total_tokens, "device": "cpu"}
+                "max_total_num_tokens": self.options.max_total_tokens, "device": "cpu",
+                "internal_states": [self.pool_snapshot().to_json()]}
 
     # ---- admission ---------------------------------------------------------------------------
     def split_for(self, req: GenerateRequest) -> SplitPlan:

@@ -73,6 +73,9 @@ class ColocatedEngine(EngineBase):
         async for event in stream_from_loop(self.loop, req.rid, submit, final_meta={"prefill_compute_s": compute_s}):
             yield event
 
+    def cache_sets(self):
+        return {"requests": self.loop.cache_set, "prefix": self._prefix_caches}
+
     async def abort(self, rid: str) -> None:
         self.loop.abort(rid)
 

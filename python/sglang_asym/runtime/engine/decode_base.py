@@ -19,6 +19,7 @@ from ...transfer.engine import MooncakeEngine
 from ...transfer.errors import DuplicateRoomError, SlotsExhaustedError
 from ..engine_api import BootstrapRoomInUseError, EngineOverloadedError, EngineRole, GenerateRequest
 from ..metrics import QueueName
+from ..pool_accounting import TransferUsage, slot_report_pools
 from .base import EngineBase
 from .decode_loop import DecodeLoop, load_drafter
 from .options import EngineOptions
@@ -90,6 +91,15 @@ class DecodeEngineBase(EngineBase):
             if not receiver.poll().is_terminal:
                 receiver.abort("decode request cancelled")
             self.metrics.set_queue_size(QueueName.DECODE_TRANSFER, len(self._receivers))
+
+    def cache_sets(self):
+        return {"requests": self.loop.cache_set, "probe": self._probe_caches}
+
+    def transfer_usage(self) -> TransferUsage:
+        m = self.manager
+        return TransferUsage(m.active_rooms(), slot_report_pools(m.slot_report()),
+                             "landing" if m.landing is not None else None, m.landing_extents_in_use(),
+                             len(self.mooncake.regions), self.mooncake.regions.total_bytes)
 
     async def abort(self, rid: str) -> None:
         receiver = self._receivers.get(rid)

@@ -27,6 +27,7 @@ from ...transfer.prefill_manager import PrefillTransferManager
 from ...transfer.slot_pool import SlotAllocator
 from ..engine_api import (BootstrapRoomInUseError, EngineOverloadedError, EngineRole, FinishReason,
                           GenerateRequest, TokenEvent)
+from ..pool_accounting import TransferUsage, allocator_pools
 from .base import EngineBase
 from .options import EngineOptions
 from .payload_io import encode_rows
@@ -144,6 +145,16 @@ class PrefillEngineBase(EngineBase):
     def _free(self, slots) -> None:
         for name, s in slots.items():
             self.allocators[name].free(s)
+
+    def cache_sets(self):
+        return {"requests": self.caches}
+
+    def transfer_usage(self) -> TransferUsage:
+        m = self.manager
+        allocators = list(self.allocators.values()) + ([m.staging.allocator] if m.staging is not None else [])
+        return TransferUsage(m.active_rooms(), allocator_pools(allocators),
+                             "staging" if m.staging is not None else None, m.staging_extents_in_use(),
+                             len(self.mooncake.regions), self.mooncake.regions.total_bytes)
 
     async def abort(self, rid: str) -> None:
         sender = self._senders.get(rid)
