@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-backend", choices=["auto", "eager", "emulated_graph"], default="auto",
                    help="decode worker's model runner: auto (eager on CPU), eager, or emulated_graph (the graph "
                         "path's static buffers replayed on CPU: a check of the CUDA-graph plumbing)")
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="a request's tokens do not depend on the batch it shares: every forward runs one "
+                        "request and windows run in fixed chunks of --window-chunk-size (slower under load; "
+                        "off by default)")
     p.add_argument("--transfer-timeout", type=float, default=30.0,
                    help="seconds a decode request waits for its prefill worker to start the transfer")
     p.add_argument("--log-level", default="info")
@@ -128,12 +132,14 @@ def engine_options(args: argparse.Namespace):
     budget = max(args.decode_token_budget, args.max_running_requests * (1 + k), args.asym_window)
     sched = SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, args.asym_window),
                             max_running=args.max_running_requests, num_draft_tokens=k, window=args.asym_window,
-                            mode=args.schedule_mode, policy=args.admission_policy, window_chunk=window_chunk(args))
+                            mode=args.schedule_mode, policy=args.admission_policy, window_chunk=window_chunk(args),
+                            deterministic=args.enable_deterministic_inference)
     return EngineOptions(model_path=args.model_path, window=args.asym_window, semantics=args.asym_semantics,
                          cache_quant=args.cache_quant, max_running=args.max_running_requests,
                          max_total_tokens=args.max_total_tokens, prefill_chunk=args.chunked_prefill_size,
                          transfer_timeout_s=args.transfer_timeout, graph_backend=args.graph_backend,
-                         bootstrap_port=args.disaggregation_bootstrap_port, scheduler=sched)
+                         bootstrap_port=args.disaggregation_bootstrap_port, scheduler=sched,
+                         deterministic=args.enable_deterministic_inference)
 
 
 def build_engine(args: argparse.Namespace):

@@ -201,3 +201,38 @@ def test_a_window_under_way_is_not_timed_out() -> None:
     assert [w.window_rows for w in s.step().plan.admitted] == [16]
     assert [e.request_id for e in s.expire(10.0)] == ["b"]
     assert [(w.request_id, w.window_rows, w.last_chunk_step) for w in s.waiting] == [("a", 84, 0)]
+
+
+
+# ---- deterministic inference: chunks at fixed boundaries -------------------------------------------------
+def _det_plan(deterministic: bool):
+    """4 decode rows of budget 20 leave 16: w1 (8 rows) and w2 (7) fit whole, w3 finds 1 row left."""
+    from sglang_asym.sched import SchedulerConfig
+    from sglang_asym.sched.plan import plan_step
+    from sglang_asym.sched.request_views import RunningRequest, WaitingRequest
+
+    running = [RunningRequest(f"r{i}", q_len=1) for i in range(4)]
+    waiting = [WaitingRequest("w1", 8, 0), WaitingRequest("w2", 7, 0), WaitingRequest("w3", 100, 0)]
+    config = SchedulerConfig(token_budget=20, max_window_rows_per_step=128, max_running=8, num_draft_tokens=0,
+                             window=128, window_chunk=8, deterministic=deterministic)
+    return plan_step(running, waiting, 0, config)
+
+
+def test_deterministic_chunks_wait_instead_of_shrinking():
+    from sglang_asym.sched.plan import AdmitReason
+
+    cut = _det_plan(False)
+    assert [(a.request_id, a.window_rows) for a in cut.admitted] == [("w1", 8), ("w2", 7), ("w3", 1)]
+    held = _det_plan(True)
+    assert [(a.request_id, a.window_rows) for a in held.admitted] == [("w1", 8), ("w2", 7)]
+    assert held.decisions[-1].reason is AdmitReason.OVER_BUDGET
+
+
+def test_deterministic_chunks_need_room_for_the_head_chunk():
+    from sglang_asym.sched import SchedulerConfig
+
+    with pytest.raises(ValueError, match=r"token_budget - \(max_running - 1\) \* \(1 \+ k\) = 7 >= window_chunk \(8\)"):
+        SchedulerConfig(token_budget=14, max_window_rows_per_step=128, max_running=8, num_draft_tokens=0,
+                        window=128, window_chunk=8, deterministic=True)
+    assert SchedulerConfig(token_budget=14, max_window_rows_per_step=128, max_running=8, num_draft_tokens=0,
+                           window=128, window_chunk=7, deterministic=True).deterministic

@@ -93,6 +93,8 @@ class V41Model(nn.Module):
                 blocks.append(KVPathBlock(cfg, self.plan.layers[last], self.dtype))
                 self.layers = nn.ModuleList(blocks)
         self.requires_grad_(False)
+        # Batch-invariant mode (`--enable-deterministic-inference`): see run_batch. Off by default.
+        self.deterministic = False
         self.layers_run: tuple[int, ...] = ()
         self.captured: dict[int, torch.Tensor] = {}
 
@@ -149,7 +151,22 @@ class V41Model(nn.Module):
     def forward_batch(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
         """Several requests' chunks in one pass: embedding, projections, mHC, MoE, norms and the head run
         over the concatenated rows; attention, compressors and indexers run per request on its own
-        cache. Each output equals what `forward` gives for that input alone."""
+        cache. Each output equals what `forward` gives for that input alone (to float rounding; bit for
+        bit with `deterministic` on, see `run_batch`)."""
+        return self.run_batch(inputs)
+
+    def run_batch(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
+        """`forward_batch` without its no_grad: autograd records the pass when the caller enables it
+        (training). With `self.deterministic` each input runs as its own pass after all are checked,
+        so a request's logits do not depend on what else shares the batch."""
+        if self.deterministic and len(inputs) > 1:
+            self._check_batch(inputs)
+            outputs = [self._run_rows([item])[0] for item in inputs]
+            self.captured = {}
+            return outputs
+        return self._run_rows(inputs)
+
+    def _check_batch(self, inputs: Sequence[SegmentInput]) -> None:
         if not inputs:
             raise ValueError("forward_batch needs at least one input")
         seen: set[int] = set()
@@ -161,6 +178,9 @@ class V41Model(nn.Module):
             except Exception as exc:
                 raise InvalidSegment(i, exc) from exc
             seen.add(id(item.cache))
+
+    def _run_rows(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
+        self._check_batch(inputs)
         device = self.embed.weight.device
         tokens = torch.cat([item.tokens for item in inputs]).to(device).long()
         segments, positions, row = [], [], 0

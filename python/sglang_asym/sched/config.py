@@ -113,6 +113,10 @@ class SchedulerConfig:
     window_chunk: int | None = None
     wait_timeout_s: float | None = None  # Scheduler.expire() drops requests waiting longer
     graphs: GraphConfig = field(default_factory=GraphConfig)
+    # Deterministic inference (--enable-deterministic-inference): chunked windows are cut at fixed
+    # multiples of window_chunk from the window's first row, never to the budget left beside the decode
+    # rows (a chunk that does not fit waits), so a request's chunks do not depend on the load.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         owner = "SchedulerConfig"
@@ -144,6 +148,14 @@ class SchedulerConfig:
             _check_int(owner, "window_chunk", self.window_chunk, 1)
             if self.window_chunk > self.window:
                 raise ValueError(f"{owner}.window_chunk ({self.window_chunk}) must be <= window ({self.window})")
+        if not isinstance(self.deterministic, bool):
+            raise TypeError(f"{owner}.deterministic must be a bool, got {self.deterministic!r}")
+        head_room = self.token_budget - (self.max_running - 1) * self.verify_width
+        if self.deterministic and self.window_chunk is not None and head_room < self.window_chunk:
+            raise ValueError(
+                f"{owner}: deterministic chunked windows need token_budget - (max_running - 1) * (1 + k) = "
+                f"{head_room} >= window_chunk ({self.window_chunk}), so the queue head's chunk always fits"
+            )
         _check_int(owner, "max_waiting", self.max_waiting, 1)
         if self.wait_timeout_s is not None:
             t = self.wait_timeout_s

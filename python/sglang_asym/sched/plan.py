@@ -14,7 +14,8 @@ Chunked windows (config.window_chunk = c): a request may be admitted for a chunk
 down the queue, each request gets min(rows left, c, budget left, window-row bound left) rows; if that is
 all it has left it is admitted whole (FITS) and the next one is considered, otherwise it runs a CHUNK
 and stays at its place in the queue, and admission stops there (so one request finishes its window
-before the next starts). A step never exceeds the token budget: with a free running slot at most
+before the next starts); with config.deterministic a chunk is never cut below min(rows left, c) (it
+waits instead), so a window's chunks are the same whatever else runs. A step never exceeds the token budget: with a free running slot at most
 max_running - 1 requests decode, and the config guarantees token_budget >= max_running * (1 + k), so
 the head always has at least 1 + k rows of budget and no aging is needed. A request's age restarts
 after each chunk.
@@ -160,8 +161,11 @@ def _budget_reason(index: int, request: WaitingRequest, step: int, budget_left: 
 
 def _chunk_decision(request: WaitingRequest, budget_left: int, window_left: int,
                     config: SchedulerConfig) -> tuple[AdmitReason, int]:
-    """Chunked windows: (reason, rows admitted this step)."""
+    """Chunked windows: (reason, rows admitted this step). Deterministic configs admit a whole chunk
+    (min(rows left, window_chunk)) or nothing, so chunk boundaries do not depend on the load."""
     rows = min(request.window_rows, config.chunk_rows, budget_left, window_left)
+    if config.deterministic and rows < min(request.window_rows, config.chunk_rows):
+        rows = 0
     if rows == request.window_rows:
         return AdmitReason.FITS, rows
     if rows >= 1:

@@ -35,6 +35,7 @@ class ColocatedEngine(EngineBase):
     def __init__(self, model: V41Model, options: EngineOptions) -> None:
         super().__init__(model.cfg, options, "null")
         self.model = model
+        model.deterministic = options.deterministic
         sizing = CacheSizing(max_requests=options.max_running + 1, max_tokens=options.max_total_tokens,
                              page_rows=options.page_rows, max_chunk_tokens=options.window)
         self._prefix_caches = model.new_cache_set(CacheSizing(1, options.max_total_tokens, options.page_rows))

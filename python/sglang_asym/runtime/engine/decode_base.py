@@ -34,6 +34,7 @@ class DecodeEngineBase(EngineBase):
                  compat: TransferCompat) -> None:
         super().__init__(model.cfg, options, mode_name)
         self.model, self.row_format, self.compat = model, row_format_for(options), compat
+        model.deterministic = options.deterministic
         self.pools = make_pools(model.cfg, options, compat)
         self.transfer_config = transfer_config_for(options, host)
         self._overall_timeout_s = overall_timeout_s(self.transfer_config)

@@ -6,7 +6,8 @@ Every forward is ONE batched pass of the model runner (`model.graph_runner.Graph
 of all requests in it: the decode (or speculative verify) rows of every running request and the window
 rows admitted this step, at the graph shape `sched.graphs.choose_graphs` picks for the planned step
 (FULL decode bucket x (1 + k), ROW_BUCKET window, BREAKABLE / EAGER mixed); on CPU the same shape
-decisions run eagerly. Step semantics follow a GPU forward: in a mixed step every token of the step is
+decisions run eagerly. With `model.deterministic` (--enable-deterministic-inference) each request's rows
+run as a forward of their own instead, so its tokens do not depend on the batch. Step semantics follow a GPU forward: in a mixed step every token of the step is
 emitted when the whole step is done; in separate mode the decode forward's tokens go out before the window
 forward runs. Windows may run in chunks (the scheduler sizes them to the token budget).
 
@@ -129,6 +130,8 @@ class DecodeLoop:
         request (default: with CUDA graphs only; the emulated ones are a CPU check)."""
         if window_chunk is not None:
             sched_config = replace(sched_config, window_chunk=window_chunk)
+        if model.deterministic and not sched_config.deterministic:  # fixed window chunks go with it
+            sched_config = replace(sched_config, deterministic=True)
         self.num_draft_tokens = sched_config.num_draft_tokens
         if self.num_draft_tokens:
             if drafter is None:
@@ -353,7 +356,11 @@ class DecodeLoop:
         if not work:
             return []
         events: list[Emission] = []
-        for item, out in zip(work, self._forward(work, planned, stats)):
+        if self.model.deterministic:  # each request alone: its logits do not depend on the batch
+            outputs = [self._forward([item], planned, stats)[0] for item in work]
+        else:
+            outputs = self._forward(work, planned, stats)
+        for item, out in zip(work, outputs):
             if item.req.rid not in self._requests:
                 continue
             if isinstance(out, Exception):

@@ -53,6 +53,9 @@ class EngineOptions:
     transfer_timeout_s: float = 30.0  # a prefix that has not arrived by then fails the request
     bootstrap_port: int | None = None  # prefill role: where its bootstrap server listens
     graph_backend: str = "auto"  # --graph-backend: how the decode loop's runner executes each graph shape
+    # --enable-deterministic-inference: every forward runs one request (model.deterministic) and windows
+    # run in fixed chunks, so a request's tokens do not depend on what else is served (costs batching)
+    deterministic: bool = False
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
         token_budget=256, max_window_rows_per_step=256, max_running=8, num_draft_tokens=0))
 

@@ -43,6 +43,7 @@ class PrefillEngineBase(EngineBase):
                  compat: TransferCompat) -> None:
         super().__init__(model.cfg, options, mode_name)
         self.model, self.row_format, self.compat = model, row_format_for(options), compat
+        model.deterministic = options.deterministic
         self.caches = model.new_cache_set(CacheSizing(options.max_running, options.max_total_tokens, options.page_rows,
                                                       max_chunk_tokens=options.prefill_chunk))
         self.pools = make_pools(model.cfg, options, compat)
