@@ -3,14 +3,15 @@
 Loadable offline by `transformers.AutoTokenizer.from_pretrained(dir)` and by
 `tokenizers.Tokenizer.from_file`. Special tokens sit at the config's bos/eos/pad ids (they must be
 0, 1 and 2 in some order), then the two chat-role markers; merges are trained on a fixed built-in
-corpus, so the same config always yields the same tokenizer.json. The vocabulary never exceeds the
-config's vocab_size.
+corpus (or the texts a caller passes, e.g. a trained checkpoint's training text), so the same config
+and corpus always yield the same tokenizer.json. The vocabulary never exceeds the config's vocab_size.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -60,7 +61,8 @@ def _special_tokens(cfg: V41Config) -> list[str]:
     return [by_id[i] for i in range(3)] + [USER, ASSISTANT]
 
 
-def build_tokenizer(cfg: V41Config) -> Tokenizer:
+def build_tokenizer(cfg: V41Config, corpus: Sequence[str] | None = None) -> Tokenizer:
+    """Merges learned from `corpus` (default: the built-in sentences, repeated four times)."""
     specials = _special_tokens(cfg)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if cfg.vocab_size < len(specials) + len(alphabet):
@@ -78,18 +80,19 @@ def build_tokenizer(cfg: V41Config) -> Tokenizer:
         initial_alphabet=alphabet,
         show_progress=False,
     )
-    tok.train_from_iterator(list(_CORPUS) * 4, trainer=trainer)
+    tok.train_from_iterator(list(_CORPUS) * 4 if corpus is None else list(corpus), trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, cfg.bos_token_id)]
     )
     return tok
 
 
-def write_tokenizer(out_dir: str | Path, cfg: V41Config) -> Path:
-    """tokenizer.json, tokenizer_config.json (chat template) and special_tokens_map.json into out_dir."""
+def write_tokenizer(out_dir: str | Path, cfg: V41Config, tokenizer: Tokenizer | None = None) -> Path:
+    """tokenizer.json, tokenizer_config.json (chat template) and special_tokens_map.json into out_dir
+    (`tokenizer`: one from build_tokenizer with a corpus; default the built-in one)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(cfg)
+    tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
     if tok.get_vocab_size() > cfg.vocab_size:
         raise CheckpointError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {cfg.vocab_size}")
     tok.save(str(out / "tokenizer.json"))

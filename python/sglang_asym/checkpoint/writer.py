@@ -1,4 +1,4 @@
-"""write_checkpoint(): a random-weight checkpoint in the released layout at a chosen precision.
+"""write_checkpoint(): a checkpoint in the released layout at a chosen precision (random or given weights).
 
 config.json, safetensors shards (+ model.safetensors.index.json when sharded). At release precision
 config.json carries the release's quantization_config (see quantization.py)."""
@@ -9,6 +9,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from safetensors.torch import save_file
@@ -55,14 +56,20 @@ def write_checkpoint(
     num_shards: int = 1,
     include_extras: bool = True,
     progress: bool = True,
+    values: Mapping[str, torch.Tensor] | None = None,
 ) -> WriteSummary:
     """Random weights (random_init.random_tensor) for every checkpoint tensor of cfg, DSpark and
-    Engram included unless include_extras is False; one shard is written and freed at a time."""
+    Engram included unless include_extras is False; one shard is written and freed at a time.
+    `values`: float tensors by released name (e.g. trained weights) used instead of the random draw."""
+    values = {} if values is None else values
     disk_cfg = config_for_precision(cfg, precision)  # checks precision before anything is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     disk_cfg.write_json(out / "config.json")
     plan = plan_shards(cfg, num_shards, include_extras)
+    unknown = set(values) - {spec.name for shard in plan.shards for spec in shard}
+    if unknown:
+        raise ValueError(f"values hold tensors this checkpoint does not have: {sorted(unknown)[:5]}")
     weight_map: dict[str, str] = {}
     total_bytes = 0
     bar = tqdm(total=sum(len(s) for s in plan.shards), desc=f"writing {out.name}", unit="tensor",
@@ -71,7 +78,8 @@ def write_checkpoint(
         for file_name, shard in zip(plan.files, plan.shards):
             stored: dict[str, torch.Tensor] = {}
             for spec in shard:
-                stored.update(encode_for_disk(spec, random_tensor(spec, cfg, seed), precision))
+                value = values[spec.name] if spec.name in values else random_tensor(spec, cfg, seed)
+                stored.update(encode_for_disk(spec, value.detach().float(), precision))
                 bar.update(1)
             save_file(stored, str(out / file_name), metadata={"format": "pt"})
             total_bytes += sum(t.numel() * t.element_size() for t in stored.values())
