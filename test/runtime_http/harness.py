@@ -71,7 +71,7 @@ class LoopThread:
             raw = await request.read()
             try:
                 body = json.loads(raw) if raw else None
-            except json.JSONDecodeError:
+            except ValueError:  # not JSON, or not text at all: recorded as the raw bytes
                 body = raw
             entry = RecordedRequest(request.method, request.path, body)
             recorded.append(entry)

@@ -13,7 +13,7 @@ from sglang_asym.transfer.extents import group_offsets
 from sglang_asym.transfer.messages import GroupDestination, TransferRequest
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
-from sglang_asym.transfer.runs import paired_runs, unpack_runs
+from sglang_asym.transfer.runs import expand_runs, paired_runs, run_rows, unpack_runs
 from sglang_asym.transfer.staging import StagingExtent, split_for_lanes
 
 
@@ -146,12 +146,14 @@ def check_request(room: PrefillRoom, req: TransferRequest) -> dict[str, np.ndarr
     dest = {}  # something is wrong: the group-by-group checks below name it
     for g, d in zip(room.manifest.groups, req.destinations):
         try:
-            slots = d.slots()
+            runs = unpack_runs(d.runs)
+            offered = run_rows(runs)  # counted before expanding: D's runs may claim any number of rows
         except ValueError as exc:
             raise ValueError(f"group {g.name!r}: malformed destination runs: {exc}") from exc
-        if d.row_bytes != g.row_bytes or len(slots) != g.num_rows:
-            raise ValueError(f"group {g.name!r}: decode offers {len(slots)} rows of {d.row_bytes} B, "
+        if d.row_bytes != g.row_bytes or offered != g.num_rows:
+            raise ValueError(f"group {g.name!r}: decode offers {offered} rows of {d.row_bytes} B, "
                              f"manifest needs {g.num_rows} rows of {g.row_bytes} B")
+        slots = expand_runs(runs)
         if len(slots) and int(slots.max()) >= d.capacity_slots:
             raise ValueError(f"group {g.name!r}: decode slot {int(slots.max())} outside its pool "
                              f"of {d.capacity_slots} slots")

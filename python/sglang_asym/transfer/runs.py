@@ -36,13 +36,25 @@ def coalesce_slots(slots) -> np.ndarray:
     return runs
 
 
-def expand_runs(runs) -> np.ndarray:
-    """Inverse of `coalesce_slots`."""
+def _check_runs(runs) -> np.ndarray:
     runs = np.asarray(runs, dtype=np.int64).reshape(-1, 2)
     starts, lengths = runs[:, 0], runs[:, 1]
     if len(runs) and (int(starts.min()) < 0 or int(lengths.min()) <= 0):
         bad = int(np.flatnonzero((starts < 0) | (lengths <= 0))[0])
         raise ValueError(f"invalid slot run (start={int(starts[bad])}, length={int(lengths[bad])})")
+    return runs
+
+
+def run_rows(runs) -> int:
+    """Rows the runs cover, counted without overflow (runs off the wire may claim up to 2^63 rows each),
+    so a caller can refuse a count before `expand_runs` allocates it."""
+    return sum(int(n) for n in _check_runs(runs)[:, 1])
+
+
+def expand_runs(runs) -> np.ndarray:
+    """Inverse of `coalesce_slots`."""
+    runs = _check_runs(runs)
+    starts, lengths = runs[:, 0], runs[:, 1]
     offsets = np.cumsum(lengths) - lengths  # first row index of every run
     return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
