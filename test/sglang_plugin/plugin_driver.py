@@ -55,11 +55,16 @@ def main(v41: str, llama: str) -> None:
         ["--model-path", v41, "--device", "cpu"],
         ["--model-path", llama, "--device", "cpu"],
     ]
+    outcomes = [run(argv) for argv in cases]
+    import os
+
+    os.environ[cpu_handover.RUNTIME_ENV] = cpu_handover.EMBEDDED  # the embedded runtime, asked for
+    outcomes.append(run(cases[4]))
     report = {
         "hooks": {target: [(t.name, s.plugin_name, s.dist_name) for t, _, s in entries]
                   for target, entries in HookRegistry._hooks.items()},
         "patched": sorted(HookRegistry._patched),
-        "cases": [run(argv) for argv in cases],
+        "cases": outcomes,
         "handed_over": handed_over,
     }
     print("REPORT " + json.dumps(report))

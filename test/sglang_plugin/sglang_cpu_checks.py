@@ -566,6 +566,7 @@ def _intake_request(rid: str, prompt_len: int):
 
 def _intake_state(req) -> dict:
     from sglang_asym.sglang_plugin.prefill_cut import prompt_len_of
+    from sglang_asym.sglang_plugin.prefill_zero import is_zero_compute
 
     req.refresh_fill_ids()
     reason = req.finished_reason
@@ -574,6 +575,7 @@ def _intake_state(req) -> dict:
         "fill_ids": list(req.full_untruncated_fill_ids[:64]), "seqlen": req.seqlen,
         "prompt_len": prompt_len_of(req), "max_new_tokens": req.sampling_params.max_new_tokens,
         "sender": type(req.disagg_kv_sender).__name__ if getattr(req, "disagg_kv_sender", None) else None,
+        "zero_compute": is_zero_compute(req),
         "finished": None if reason is None else {"type": type(reason).__name__, "status": int(reason.status_code),
                                                   "message": reason.message},
     }
@@ -582,7 +584,8 @@ def _intake_state(req) -> dict:
 def intake(config_dir: str, window: str) -> dict:
     """The asym-prefill intake hook on SGLang's own `PrefillBootstrapQueue.add` (SGLang's fake
     transfer backend, SGLang's Req): installed only by an asymmetric scheduler's publish, cuts fresh
-    requests to B tokens, refuses N <= W and unsplittable prompts, leaves decode/symmetric alone."""
+    requests to B tokens (N <= W: to none, marked zero-compute), refuses unsplittable prompts and prompt
+    logprobs, leaves decode/symmetric alone."""
     from types import SimpleNamespace
 
     from sglang_asym.sglang_plugin import cpu_import_gaps, hooks
@@ -634,6 +637,12 @@ def intake(config_dir: str, window: str) -> dict:
     cases["long_readded"] = _intake_state(add("long", 0, req=long_req))  # a requeued request keeps its cut
     cases["at_window"] = _intake_state(add("at_window", int(window)))
     cases["too_long"] = _intake_state(add("too_long", 8193))  # tiny: max_position_embeddings 8192
+    prompt_logprobs = _intake_request("prompt_logprobs", int(window) + 5)
+    prompt_logprobs.return_logprob, prompt_logprobs.logprob_start_len = True, 0
+    cases["prompt_logprobs"] = _intake_state(add("prompt_logprobs", 0, req=prompt_logprobs))
+    output_logprobs = _intake_request("output_logprobs", int(window) + 5)
+    output_logprobs.return_logprob, output_logprobs.logprob_start_len = True, -1
+    cases["output_logprobs"] = _intake_state(add("output_logprobs", 0, req=output_logprobs))
     report["prefill"] = cases
     report["queued"] = [r.rid for r in queue.queue]
     report["streamed"] = list(streamed)

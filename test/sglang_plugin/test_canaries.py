@@ -55,7 +55,14 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.server_args.prepare_server_args", "sglang.srt.runtime_context.publish"]
     assert [t for t, _, _ in hooks.scheduler_hook_table()] == [
         "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.setup_state_kv_args",
-        "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"]
+        "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add",
+        "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap",
+        "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
+        "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
+        "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req",
+        "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
+        "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch"]
 
 
 def test_every_hook_target_resolves():

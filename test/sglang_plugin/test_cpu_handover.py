@@ -1,5 +1,6 @@
-"""The CPU hand-over decision and the prepare_server_args hook, driven without patching SGLang: only the
-asymmetric modes hand over to the embedded runtime on CPU (SGLang's own engine serves the others)."""
+"""The CPU hand-over decision and the prepare_server_args hook, driven without patching SGLang: SGLang's
+own engine serves every mode on CPU; with SGLANG_ASYM_CPU_RUNTIME=embedded the asymmetric modes hand
+over to the embedded runtime."""
 
 from types import SimpleNamespace
 
@@ -25,7 +26,17 @@ def test_runs_on_cpu():
     assert cpu_handover.runs_on_cpu(None) is (not torch.cuda.is_available())
 
 
-def test_which_servers_hand_over(v41_checkpoint, llama_checkpoint):
+def test_by_default_no_server_hands_over(v41_checkpoint, monkeypatch):
+    monkeypatch.delenv(cpu_handover.RUNTIME_ENV, raising=False)
+    assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint, AsymSettings("asym-prefill"))) is False
+    assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint, AsymSettings("asym-decode"))) is False
+    monkeypatch.setenv(cpu_handover.RUNTIME_ENV, "sglang")
+    assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint, AsymSettings("asym-decode"))) is False
+
+
+def test_which_servers_hand_over_when_the_embedded_runtime_is_asked_for(v41_checkpoint, llama_checkpoint,
+                                                                        monkeypatch):
+    monkeypatch.setenv(cpu_handover.RUNTIME_ENV, "embedded")
     asym = AsymSettings("asym-prefill")
     assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint, asym)) is True
     assert cpu_handover.should_hand_over(record("cpu", v41_checkpoint)) is False  # SGLang's engine on CPU
@@ -67,6 +78,7 @@ def test_prepare_hook_turns_argument_errors_into_usage_exits(capsys):
 
 
 def test_prepare_hook_hands_cpu_servers_over(monkeypatch, v41_checkpoint, llama_checkpoint):
+    monkeypatch.setenv(cpu_handover.RUNTIME_ENV, "embedded")
     handed = []
     monkeypatch.setattr(cpu_handover, "hand_over", lambda argv: handed.append(argv))
     gpu = record("cuda", v41_checkpoint, AsymSettings("asym-decode"))
@@ -82,6 +94,7 @@ def test_prepare_hook_hands_cpu_servers_over(monkeypatch, v41_checkpoint, llama_
 
 
 def test_prepare_hook_reports_a_missing_runtime(monkeypatch, capsys, v41_checkpoint):
+    monkeypatch.setenv(cpu_handover.RUNTIME_ENV, "embedded")
     monkeypatch.setattr(cpu_handover, "LAUNCHER_MODULE", "sglang_asym.no_such_launcher")
     with pytest.raises(SystemExit) as exit_info:
         hooks.around_prepare_server_args(lambda argv: record("cpu", v41_checkpoint, AsymSettings("asym-decode")), [])

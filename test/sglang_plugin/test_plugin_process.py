@@ -51,11 +51,14 @@ def test_translation_through_prepare_server_args(driver_report, v41_checkpoint, 
     assert cases[3] == {"argv": cases[3]["argv"], "exit": 2, "stderr": (
         "sglang-asym: error: --disaggregation-mode asym-prefill transfers its prefix state over Mooncake; "
         "--disaggregation-transfer-backend nixl is not supported\n")}
-    # CPU: asymmetric servers go to the embedded runtime with the unchanged command line; a symmetric
-    # V4.1 server stays with SGLang's own engine (the CPU platform), as every other model does.
-    assert cases[4] == {"argv": cases[4]["argv"], "exit": 7, "stderr": ""}
+    # CPU: every V4.1 server, asymmetric or not, stays with SGLang's own engine (the CPU platform), as
+    # every other model does; with SGLANG_ASYM_CPU_RUNTIME=embedded an asymmetric one goes to the
+    # embedded runtime with the unchanged command line.
+    assert cases[4] == {"argv": cases[4]["argv"], "mode": "decode", "device": "cpu",
+                        "settings": ["asym-decode", 128, "asym-exact-encoder"]}
     assert cases[5] == {"argv": cases[5]["argv"], "mode": "null", "device": "cpu", "settings": None}
     assert cases[6] == {"argv": cases[6]["argv"], "mode": "null", "device": "cpu", "settings": None}
+    assert cases[7] == {"argv": cases[4]["argv"], "exit": 7, "stderr": ""}
     assert driver_report["handed_over"] == [
         ["--model-path", v41, "--disaggregation-mode", "asym-decode", "--device", "cpu", "--port", "31000"],
     ]

@@ -12,7 +12,7 @@ import pytest
 
 from sglang_asym.config import V41Config
 from sglang_asym.sglang_plugin.prefill_cut import (
-    PrefillCut, PrefillCutError, cut_request, prefill_cut_for, prompt_len_of, zero_compute_refusal)
+    PrefillCut, PrefillCutError, cut_request, prefill_cut_for, prompt_len_of, prompt_logprobs_refusal)
 from sglang_asym.sglang_plugin.settings import AsymSettings
 from sglang_asym.split import SplitError, SplitPlan
 
@@ -79,10 +79,10 @@ def test_cut_request_refuses_what_it_cannot_cut():
     assert prompt_len_of(padded) is None and len(padded.origin_input_ids) == 40
 
 
-def test_zero_compute_refusal_names_the_prompt_and_window():
-    settings = AsymSettings("asym-prefill", window=WINDOW)
-    message = zero_compute_refusal(prefill_cut_for(CFG, settings, WINDOW), settings)
-    assert message.startswith(f"sglang-asym: prompt of {WINDOW} tokens <= window W={WINDOW}")
+def test_prompt_logprobs_refusal_says_why():
+    message = prompt_logprobs_refusal(WINDOW + 5, AsymSettings("asym-prefill", window=WINDOW))
+    assert message.startswith("sglang-asym: prompt logprobs are not available in the asymmetric modes")
+    assert f"only the last W={WINDOW} of the {WINDOW + 5}" in message
 
 
 @pytest.fixture(scope="module")
@@ -104,20 +104,28 @@ def test_sglangs_queue_takes_the_cut_request(report):
     prompt = [1000 + t for t in range(WINDOW + 5)]
     long = report["prefill"]["long"]
     assert long == {"ids": prompt[:5], "unpadded": prompt[:5], "fill_ids": prompt[:5], "seqlen": 5,
-                    "prompt_len": WINDOW + 5, "max_new_tokens": 1, "sender": "FakeKVSender", "finished": None}
+                    "prompt_len": WINDOW + 5, "max_new_tokens": 1, "sender": "FakeKVSender", "finished": None,
+                    "zero_compute": False}
     assert report["prefill"]["long_readded"] == long  # a requeued request is not cut again
-    assert report["queued"] == ["long", "long"]
+    assert report["prefill"]["output_logprobs"] == {**long, "sender": "FakeKVSender"}
+
+
+def test_a_prompt_within_the_window_is_cut_to_nothing_and_marked_zero_compute(report):
+    assert report["prefill"]["at_window"] == {
+        "ids": [], "unpadded": [], "fill_ids": [], "seqlen": 0, "prompt_len": WINDOW, "max_new_tokens": 1,
+        "sender": "FakeKVSender", "finished": None, "zero_compute": True}
+    assert report["queued"] == ["long", "long", "at_window", "output_logprobs"]
 
 
 def test_unservable_prompts_are_refused_through_sglangs_abort(report):
-    at_window, too_long = report["prefill"]["at_window"], report["prefill"]["too_long"]
-    assert at_window["finished"] == {"type": "FINISH_ABORT", "status": 501, "message": zero_compute_refusal(
-        PrefillCut(WINDOW, 0), AsymSettings("asym-prefill", window=WINDOW))}
-    assert at_window["seqlen"] == WINDOW and at_window["sender"] is None and at_window["prompt_len"] is None
+    too_long, logprobs = report["prefill"]["too_long"], report["prefill"]["prompt_logprobs"]
     assert too_long["finished"] == {"type": "FINISH_ABORT", "status": 400, "message":
                                     "sglang-asym: prompt of 8193 tokens exceeds max_position_embeddings 8192"}
     assert too_long["sender"] is None
-    assert report["streamed"] == ["at_window", "too_long"]
+    assert logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400, "message": prompt_logprobs_refusal(
+        WINDOW + 5, AsymSettings("asym-prefill", window=WINDOW))}
+    assert logprobs["sender"] is None and logprobs["prompt_len"] is None and logprobs["seqlen"] == WINDOW + 5
+    assert report["streamed"] == ["too_long", "prompt_logprobs"]
 
 
 def test_decode_role_requests_are_untouched(report):

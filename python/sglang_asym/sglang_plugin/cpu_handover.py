@@ -1,21 +1,25 @@
-"""On CPU, an asymmetric server (asym-prefill / asym-decode) is run by sglang-asym's embedded runtime.
+"""On CPU, an asymmetric server can be handed to sglang-asym's embedded runtime instead of SGLang's engine.
 
 SGLang's own engine serves DeepSeek-V4.1 on CPU through sglang-asym's platform (cpu_platform.py) in
-the modes SGLang has: null, prefill and decode. The asymmetric modes do not run inside SGLang's
-engine yet, so when such a server would run on CPU, `sglang.launch_server` / `sglang serve` hand the
-unchanged command line to `sglang_asym.launch_server.main(argv)`, which takes the same flags.
-"Would run on CPU": `--device cpu`, or no `--device` on a machine without CUDA.
+every mode, the asymmetric ones included (asym_decode.py, prefill_cut.py). With
+SGLANG_ASYM_CPU_RUNTIME=embedded, an asymmetric server that would run on CPU is run by the embedded
+runtime instead: `sglang.launch_server` / `sglang serve` hand the unchanged command line to
+`sglang_asym.launch_server.main(argv)`, which takes the same flags (a way to compare both stacks
+under one command line). "Would run on CPU": `--device cpu`, or no `--device` on a machine without CUDA.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Callable, NoReturn, Sequence
 
 from ..config import ConfigError, V41Config
 from .settings import settings_of
 
 LAUNCHER_MODULE = "sglang_asym.launch_server"
+RUNTIME_ENV = "SGLANG_ASYM_CPU_RUNTIME"
+EMBEDDED = "embedded"
 
 
 class CpuHandoverError(RuntimeError):
@@ -42,6 +46,8 @@ def is_v41_checkpoint(model_path: str | None) -> bool:
 
 def should_hand_over(server_args: Any) -> bool:
     """Whether this parsed SGLang server belongs to the embedded runtime (see module doc)."""
+    if os.environ.get(RUNTIME_ENV, "") != EMBEDDED:
+        return False
     return runs_on_cpu(server_args.device) and settings_of(server_args) is not None
 
 

@@ -192,6 +192,13 @@ def _set_attribute(target: str, value: Any) -> None:
 _applied: set[str] = set()
 
 
+def is_registered(target: str, hook: Any) -> bool:
+    """Whether `hook` itself is registered on `target` (other hooks may share the target)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ()))
+
+
 def apply_cpu_patches(process: str = SCHEDULER, apply_now: bool = True) -> None:
     """Registers and applies the CPU_PATCHES of `process` in this process. Idempotent. With
     `apply_now=False` (inside SGLang's load_plugins, which applies every hook after the plugins ran)
@@ -204,7 +211,7 @@ def apply_cpu_patches(process: str = SCHEDULER, apply_now: bool = True) -> None:
     mine = [p for p in CPU_PATCHES if p.process == process]
     hooked = [p for p in mine if p.kind != "ATTRIBUTE"]
     for patch in hooked:
-        if patch.target not in HookRegistry._hooks:
+        if not is_registered(patch.target, patch.hook):
             HookRegistry.register(patch.target, patch.hook, HookType[patch.kind])
     for patch in mine:
         if patch.kind == "ATTRIBUTE":

@@ -36,11 +36,11 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import cpu_handover, cpu_import_gaps
+from . import asym_decode, cpu_handover, cpu_import_gaps, prefill_zero
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
-from .prefill_cut import cut_request, prefill_cut_for, prompt_len_of, zero_compute_refusal
+from .prefill_cut import cut_request, prefill_cut_for, prompt_len_of, prompt_logprobs_refusal
 from .prefill_model import install_prefill_loading, truncated_construction
 from .prefill_role import PrefillRole
 from .settings import attach, settings_of
@@ -55,6 +55,15 @@ PUBLISH = "sglang.srt.runtime_context.publish"
 INITIALIZE_MODEL = "sglang.srt.model_loader.loader._initialize_model"
 SETUP_STATE_KV_ARGS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
 PREFILL_QUEUE_ADD = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"
+PREFILL_EARLY = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap"
+PREFILL_POP_BOOTSTRAPPED = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped"
+PREFILL_INFLIGHT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+                    "process_disagg_prefill_inflight_queue")
+DECODE = "sglang.srt.disaggregation.decode"
+DECODE_SEND_METADATA = f"{DECODE}.DecodePreallocQueue._send_kv_metadata"
+DECODE_COMMIT = f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req"
+DECODE_NEXT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run"
+DECODE_PREBUILT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch"
 SCHEDULER_ROLE = "scheduler"
 MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
 DIST_NAME = "sglang-asym"
@@ -115,11 +124,14 @@ def around_initialize_model(original: Callable, model_config: Any, load_config: 
 def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
     if role != SCHEDULER_ROLE:
         return
+    asymmetric = settings_of(server_args) is not None
+    if asymmetric:  # registered first: some share a target with a CPU patch, applied together below
+        register_scheduler_hooks()
     if cpu_engine_selected():
         from .cpu_patches import SCHEDULER as SCHEDULER_PROCESS, apply_cpu_patches
 
         apply_cpu_patches(SCHEDULER_PROCESS)
-    if settings_of(server_args) is not None:
+    if asymmetric:
         install_scheduler_hooks()
 
 
@@ -152,11 +164,14 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     refusal = None
     try:
         cfg = _model_config(queue.scheduler.model_config.model_path)  # the model this scheduler serves
-        cut = prefill_cut_for(cfg, settings, len(req.origin_input_ids))
-        if cut.runs_forward:
-            cut_request(req, cut)
+        n = len(req.origin_input_ids)
+        cut = prefill_cut_for(cfg, settings, n)
+        if req.return_logprob and 0 <= req.logprob_start_len < n:
+            refusal = (HTTPStatus.BAD_REQUEST, prompt_logprobs_refusal(n, settings))
         else:
-            refusal = (HTTPStatus.NOT_IMPLEMENTED, zero_compute_refusal(cut, settings))
+            cut_request(req, cut)
+            if not cut.runs_forward:
+                prefill_zero.mark_zero_compute(req)
     except ValueError as exc:  # SplitError / PrefillCutError: a prompt this split cannot take
         refusal = (HTTPStatus.BAD_REQUEST, f"sglang-asym: {exc}")
     if refusal is None:
@@ -185,6 +200,13 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
         (INITIALIZE_MODEL, around_initialize_model, "AROUND"),
         (SETUP_STATE_KV_ARGS, after_setup_state_kv_args, "AFTER"),
         (PREFILL_QUEUE_ADD, around_prefill_queue_add, "AROUND"),
+        (PREFILL_EARLY, prefill_zero.around_can_prefill_before_bootstrap, "AROUND"),
+        (PREFILL_POP_BOOTSTRAPPED, prefill_zero.around_pop_bootstrapped, "AROUND"),
+        (PREFILL_INFLIGHT, prefill_zero.around_process_inflight, "AROUND"),
+        (DECODE_SEND_METADATA, asym_decode.around_send_kv_metadata, "AROUND"),
+        (DECODE_COMMIT, asym_decode.around_commit_transfer_to_req, "AROUND"),
+        (DECODE_NEXT_BATCH, asym_decode.around_get_next_decode_batch, "AROUND"),
+        (DECODE_PREBUILT_BATCH, asym_decode.around_get_new_prebuilt_batch, "AROUND"),
     )
 
 
@@ -204,16 +226,23 @@ def register_hooks() -> None:
         HookRegistry.register(target, hook, HookType[hook_type])
 
 
-def install_scheduler_hooks() -> None:
-    """Registers and applies scheduler_hook_table(). Idempotent."""
+def register_scheduler_hooks() -> None:
+    """Registers scheduler_hook_table() without applying it. Idempotent."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
     from . import ENTRY_POINT_NAME
+    from .cpu_patches import is_registered
 
     for target, hook, hook_type in scheduler_hook_table():
-        if target in HookRegistry._hooks:
-            continue
-        HookRegistry.register(target, hook, HookType[hook_type], source=HookSource(ENTRY_POINT_NAME, DIST_NAME))
+        if not is_registered(target, hook):
+            HookRegistry.register(target, hook, HookType[hook_type], source=HookSource(ENTRY_POINT_NAME, DIST_NAME))
+
+
+def install_scheduler_hooks() -> None:
+    """Registers and applies scheduler_hook_table(). Idempotent."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    register_scheduler_hooks()
     HookRegistry.apply_hooks()
     missing = [target for target, _, _ in scheduler_hook_table() if target not in HookRegistry._patched]
     if missing:

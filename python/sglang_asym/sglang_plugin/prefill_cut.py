@@ -8,7 +8,8 @@ prefill computes [0, B), its own sender ships the pages covering [0, B) and the 
 asym_registration.py narrows that to the payload. The full prompt length stays on the request
 (`prompt_len_of`) for logs and checks.
 
-A prompt with N <= W has nothing to compute on P (`PrefillCut.runs_forward` is False).
+A prompt with N <= W has nothing to compute on P (`PrefillCut.runs_forward` is False): it is cut to
+no tokens, and prefill_zero.py concludes it without a forward.
 Nothing here imports SGLang; the request is duck-typed on the Req fields named above.
 """
 
@@ -55,12 +56,12 @@ def prefill_cut_for(cfg: V41Config, settings: AsymSettings, prompt_len: int) -> 
     return PrefillCut(prompt_len, split.boundary)
 
 
-def zero_compute_refusal(cut: PrefillCut, settings: AsymSettings) -> str:
-    """Why an asym-prefill server on SGLang's engine refuses a prompt with N <= W: P computes
-    nothing for it, and the completion without a forward (an empty transfer) is not written."""
-    return (f"sglang-asym: prompt of {cut.prompt_len} tokens <= window W={settings.window}: the prefill "
-            "role has nothing to compute, and its zero-compute completion is not written for SGLang's "
-            "engine yet (the embedded runtime serves such prompts)")
+def prompt_logprobs_refusal(prompt_len: int, settings: AsymSettings) -> str:
+    """Why an asymmetric request cannot return prompt logprobs: no worker computes every prompt row's
+    logits (P has no head and stops after the KV path; D computes only the last W rows)."""
+    return (f"sglang-asym: prompt logprobs are not available in the asymmetric modes: the prefill role "
+            f"computes the first N - W prompt tokens without logits and the decode role only the last "
+            f"W={settings.window} of the {prompt_len}; ask for output logprobs only (logprob_start_len -1)")
 
 
 def prompt_len_of(req: Any) -> int | None:

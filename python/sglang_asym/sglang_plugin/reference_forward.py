@@ -33,6 +33,7 @@ from ..sched.config import DEFAULT_WINDOW_CHUNK
 from ..split import Semantics, SplitPlan
 from .pool_dump import dump, dump_dir
 from .pool_rows import PoolRows
+from .prefill_cut import prompt_len_of
 from .sglang_weights import reference_model_from_sglang
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ def note_schedule_batch(batch: Any, model_runner: Any) -> None:
     reqs, slots = getattr(batch, "reqs", None), getattr(batch, "req_pool_indices", None)
     if reqs and slots is not None:
         for req, slot in zip(reqs, slots.tolist()):
-            _FACTS.prompt_len[int(slot)] = len(req.origin_input_ids)
+            # an asym-prefill request was cut to B = N - W tokens: its floors are those of N
+            _FACTS.prompt_len[int(slot)] = prompt_len_of(req) or len(req.origin_input_ids)
             _FACTS.room[int(slot)] = getattr(req, "bootstrap_room", None)
 
 
@@ -127,6 +129,9 @@ class ReferenceForward:
         self.window = self.cfg.sliding_window
         self.semantics = semantics
         self.rows = PoolRows(pool, req_to_token, self.cfg)
+        # the prefill role keeps window rows of the encoder layers only (layer 20 runs its KV path)
+        plan = model.new_cache_set(CacheSizing(max_requests=1, max_tokens=1)).plan
+        self.swa_layers = tuple(plan.encoder_layers if model.role == "prefill" else range(self.cfg.num_hidden_layers))
         self.forwards = 0
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
@@ -141,6 +146,8 @@ class ReferenceForward:
             for (i, _, _), out in zip(phase, self._run(phase)):
                 logits[i] = out  # a request's last piece has the logits that count
         self.forwards += 1
+        if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
+            return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
         return LogitsProcessorOutput(next_token_logits=torch.stack([logits[i] for i in range(len(rows))]).float())
 
     @staticmethod
@@ -185,7 +192,7 @@ class ReferenceForward:
         cfg, dtype, rows = self.cfg, self.model.dtype, self.rows
         cache = caches.new_request()
         first_window = max(0, r.start - self.window + 1)
-        for layer in range(cfg.num_hidden_layers):
+        for layer in self.swa_layers:
             cache.start_swa_at(layer, first_window)
             cache.rows(swa_group(layer)).append(rows.read_window(layer, r.req, first_window, r.start, dtype))
         for owner, ratio in rows.ratio.items():
@@ -201,7 +208,7 @@ class ReferenceForward:
     def _store(self, cache: RequestCache, r: RequestRows) -> None:
         """The rows the forward added for `r`, written to the pool at the request's slots."""
         rows = self.rows
-        for layer in range(self.cfg.num_hidden_layers):
+        for layer in self.swa_layers:
             # a long chunk keeps only its last window (attention drops the rest): no later query reads those
             window = cache.rows(swa_group(layer))
             kept = max(r.start, window.start)
@@ -222,18 +229,26 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
 
     if not isinstance(sglang_model, DeepseekV4ForCausalLM):
         return
-    model_path = get_server_args().model_path
+    from .prefill_model import role_of
+    from .settings import settings_of
+
+    server_args = get_server_args()
+    model_path = server_args.model_path
     cfg = V41Config.from_json_file(model_path)
-    reference = reference_model_from_sglang(sglang_model, cfg, model_path)
-    sglang_model.forward = _LazyPoolBinding(reference)
-    log.info("sglang-asym: DeepSeek-V4.1 runs the reference forward over SGLang's pool on CPU")
+    role = "prefill" if role_of(sglang_model) is not None else "full"
+    reference = reference_model_from_sglang(sglang_model, cfg, model_path, role=role)
+    settings = settings_of(server_args)
+    semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
+    sglang_model.forward = _LazyPoolBinding(reference, semantics)
+    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s) runs the reference forward over SGLang's pool on CPU",
+             role, semantics.value)
 
 
 class _LazyPoolBinding:
     """The model runner builds its KV pool after loading the model: bind it on the first call."""
 
-    def __init__(self, reference: V41Model) -> None:
-        self.reference = reference
+    def __init__(self, reference: V41Model, semantics: Semantics) -> None:
+        self.reference, self.semantics = reference, semantics
         self.bound: ReferenceForward | None = None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
@@ -241,6 +256,6 @@ class _LazyPoolBinding:
         if self.bound is None:
             if _FACTS.kv_pool is None:
                 raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
-            self.bound = ReferenceForward(self.reference, _FACTS.kv_pool, _FACTS.req_to_token, DEFAULT_SEMANTICS)
+            self.bound = ReferenceForward(self.reference, _FACTS.kv_pool, _FACTS.req_to_token, self.semantics)
         with torch.no_grad():
             return self.bound(input_ids, positions, forward_batch, *args, **kwargs)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..sched.config import DEFAULT_WINDOW_CHUNK
+
 ASYM_PREFILL = "asym-prefill"
 ASYM_DECODE = "asym-decode"
 ASYM_MODES = (ASYM_PREFILL, ASYM_DECODE)
@@ -22,6 +24,8 @@ SGLANG_MODE_OF = {ASYM_PREFILL: "prefill", ASYM_DECODE: "decode"}
 DEFAULT_WINDOW = 128
 SEMANTICS_CHOICES = ("asym-exact-encoder", "asym")
 DEFAULT_SEMANTICS = "asym-exact-encoder"
+DEFAULT_TOKEN_BUDGET = 256  # decode rows + window rows per decode-worker step
+
 
 # Bookkeeping attribute on ServerArgs (underscore names that are not fields stay writable).
 SERVER_ARGS_ATTR = "_sglang_asym"
@@ -34,6 +38,8 @@ class AsymSettings:
     mode: str
     window: int = DEFAULT_WINDOW
     semantics: str = DEFAULT_SEMANTICS
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    window_chunk: int | None = None  # window rows per request and step; None: min(DEFAULT_WINDOW_CHUNK, W); 0: whole
 
     def __post_init__(self) -> None:
         if self.mode not in ASYM_MODES:
@@ -42,6 +48,19 @@ class AsymSettings:
             raise ValueError(f"AsymSettings.window must be a positive integer, got {self.window!r}")
         if self.semantics not in SEMANTICS_CHOICES:
             raise ValueError(f"AsymSettings.semantics must be one of {SEMANTICS_CHOICES}, got {self.semantics!r}")
+        if type(self.token_budget) is not int or self.token_budget < 1:
+            raise ValueError(f"AsymSettings.token_budget must be a positive integer, got {self.token_budget!r}")
+        if self.window_chunk is not None and (type(self.window_chunk) is not int
+                                              or not 0 <= self.window_chunk <= self.window):
+            raise ValueError(f"AsymSettings.window_chunk must be an integer in [0, window={self.window}], "
+                             f"got {self.window_chunk!r}")
+
+    @property
+    def chunk_rows(self) -> int | None:
+        """The policy's window_chunk: rows per request and step, None for whole windows."""
+        if self.window_chunk is None:
+            return min(DEFAULT_WINDOW_CHUNK, self.window)
+        return self.window_chunk or None
 
     @property
     def sglang_mode(self) -> str:

@@ -131,11 +131,12 @@ def rounded_by_sglang(name: str) -> bool:
 
 
 def reference_model_from_sglang(sglang_model: torch.nn.Module, cfg: V41Config, checkpoint_dir: str,
-                                cache_quant: str = "release") -> V41Model:
-    """The full reference model, its weights recovered layer by layer from SGLang's parameters
-    (the compressors' from the checkpoint; the text-unused `gate.bias_vl` stays zero)."""
+                                cache_quant: str = "release", role: str = "full") -> V41Model:
+    """The reference model of `role` ('full', or 'prefill' for SGLang's model truncated to the prefill
+    role), its weights recovered layer by layer from SGLang's parameters (the compressors' from the
+    checkpoint; the text-unused `gate.bias_vl` stays zero)."""
     params = dict(sglang_model.named_parameters(remove_duplicate=False))
-    model = V41Model(cfg, role="full", cache_quant=cache_quant)
+    model = V41Model(cfg, role=role, cache_quant=cache_quant)
     by_layer: dict[str, list[str]] = defaultdict(list)
     for name in sorted(model.expected_tensor_names()):
         by_layer[name.split(".")[1] if name.startswith("layers.") else ""].append(name)

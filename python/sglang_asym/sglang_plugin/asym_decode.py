@@ -1,0 +1,195 @@
+"""The asym-decode role inside SGLang's decode scheduler: destinations for B, the window step over [B, N).
+
+Four hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each target is canary-pinned):
+  DecodePreallocQueue._send_kv_metadata        AROUND  the destinations D sends P are those of the
+                                                       prefix B = N - W (decode_destinations.py)
+  DecodeTransferQueue._commit_transfer_to_req  AROUND  P's placeholder token (P samples nothing that
+                                                       counts) is dropped; the request is marked
+                                                       "window pending" with its rows [B, N) to run
+  Scheduler.get_next_disagg_decode_batch_to_run AROUND before SGLang schedules its decode batch, one
+                                                       window step: the project's budget policy
+                                                       (sched.plan_step) picks which pending windows
+                                                       run and how many rows each, beside the running
+                                                       decode batch; they run as one EXTEND forward
+                                                       (window_batch.py); a request whose window is
+                                                       complete gets its first token, as a commit
+                                                       from P would have given it
+  Scheduler._get_new_prebuilt_batch             AROUND  requests whose window is pending are not
+                                                       merged into the running batch yet
+
+A window-pending request stays in SGLang's `waiting_queue`, so SGLang's own abort path finds it and
+frees its rows; only the prebuilt merge skips it. Once its window completes it is an ordinary
+committed PD request: SGLang's prebuilt path streams the first token, checks the stop conditions and
+merges it into the running batch in that same scheduler iteration.
+The decode steps and window steps are separate forwards (the policy's "separate" step mode): each
+scheduler iteration runs at most one window forward, then the running batch's decode forward, so a
+running request is never starved and each step's rows stay within the token budget.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ..sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, plan_step
+from .settings import AsymSettings, settings_of
+from .window_batch import WindowChunk, run_window_chunks
+
+log = logging.getLogger(__name__)
+
+WINDOW_ATTR = "_sglang_asym_window"
+STEP_ATTR = "_sglang_asym_window_steps"
+COUNTERS_ATTR = "_sglang_asym_window_counters"
+
+
+@dataclass(frozen=True)
+class WindowProgress:
+    """A request whose prompt rows [next_row, prompt_len) still run on D."""
+
+    boundary: int  # B: the first row D computes
+    next_row: int
+    prompt_len: int
+    arrival_step: int
+    last_chunk_step: int | None = None
+
+    @property
+    def rows_left(self) -> int:
+        return self.prompt_len - self.next_row
+
+
+@dataclass
+class WindowCounters:
+    """What D's window steps did, for logs and tests (published on the scheduler)."""
+
+    window_forwards: int = 0
+    window_rows: int = 0
+    first_tokens: int = 0
+    max_step_rows: int = 0  # the most rows one scheduler iteration ran (window + decode)
+
+
+def _settings() -> AsymSettings | None:
+    from sglang.srt.runtime_context import get_server_args
+
+    settings = settings_of(get_server_args())
+    return settings if settings is not None and not settings.is_prefill else None
+
+
+def boundary_of(prompt_len: int, settings: AsymSettings) -> int:
+    return max(prompt_len - settings.window, 0)
+
+
+def window_of(req: Any) -> WindowProgress | None:
+    return getattr(req, WINDOW_ATTR, None)
+
+
+def around_send_kv_metadata(original: Callable, queue: Any, decode_req: Any, kv_indices: Any, page_size: int,
+                            state_indices: Any = None, **kwargs: Any) -> Any:
+    settings = _settings()
+    if settings is not None:
+        from .decode_destinations import destinations_for_prefix
+
+        req = decode_req.req
+        boundary = boundary_of(len(req.origin_input_ids), settings)
+        kv_indices, state_indices = destinations_for_prefix(queue, req, boundary, state_indices)
+    return original(queue, decode_req, kv_indices, page_size, state_indices, **kwargs)
+
+
+def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
+    result = original(queue, decode_req, *args, **kwargs)
+    settings = _settings()
+    req = decode_req.req
+    if settings is None or req.finished() or getattr(req, "to_finish", None) is not None:
+        return result
+    if len(req.output_ids) != 1:
+        raise RuntimeError(f"request {req.rid}: expected P's one placeholder token at commit, found "
+                           f"{len(req.output_ids)} output tokens (a rebootstrapped asymmetric request?)")
+    req.output_ids.pop()  # P samples nothing that counts: D's window computes the first token
+    if req.return_logprob:
+        for name in ("output_token_logprobs_val", "output_token_logprobs_idx", "output_top_logprobs_val",
+                     "output_top_logprobs_idx"):
+            values = getattr(req.logprob, name)
+            if values:
+                values.pop()
+    n = len(req.origin_input_ids)
+    boundary = boundary_of(n, settings)
+    step = getattr(queue.scheduler, STEP_ATTR, 0)
+    setattr(req, WINDOW_ATTR, WindowProgress(boundary, boundary, n, step))
+    return result
+
+
+def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
+    """The budget policy for this server (decode rows are 1 per running request: no speculation here)."""
+    max_running = int(scheduler.max_running_requests)
+    budget = max(settings.token_budget, max_running, settings.window)
+    return SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, settings.window),
+                           max_running=max_running, num_draft_tokens=0, window=settings.window,
+                           mode=StepMode.SEPARATE, window_chunk=settings.chunk_rows)
+
+
+def counters_of(scheduler: Any) -> WindowCounters:
+    counters = getattr(scheduler, COUNTERS_ATTR, None)
+    if counters is None:
+        counters = WindowCounters()
+        setattr(scheduler, COUNTERS_ATTR, counters)
+    return counters
+
+
+def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> int:
+    """Runs at most one window forward for the pending windows in the waiting queue; returns its rows."""
+    step = getattr(scheduler, STEP_ATTR, 0)
+    setattr(scheduler, STEP_ATTR, step + 1)
+    pending = sorted((req for req in scheduler.waiting_queue if window_of(req) is not None),
+                     key=lambda req: window_of(req).arrival_step)  # stable: commit order within a step
+    if not pending:
+        return 0
+    running = [RunningRequest(req.rid, 1) for req in running_batch.reqs if not req.finished()]
+    config = scheduler_config(scheduler, settings)
+    if len(running) >= config.max_running:
+        return 0  # no free running slot for a request whose window completes
+    waiting = [WaitingRequest(req.rid, window_of(req).rows_left, window_of(req).arrival_step,
+                              last_chunk_step=window_of(req).last_chunk_step) for req in pending]
+    plan = plan_step(running, waiting, step, config)
+    by_rid = {req.rid: req for req in pending}
+    chunks = []
+    for admitted in plan.admitted:
+        req = by_rid[admitted.request_id]
+        progress = window_of(req)
+        chunks.append(WindowChunk(req, progress.next_row, progress.next_row + admitted.window_rows))
+    if not chunks:
+        return 0
+    tokens = run_window_chunks(scheduler, chunks)
+    counters = counters_of(scheduler)
+    counters.window_forwards += 1
+    rows = sum(c.end - c.start for c in chunks)
+    counters.window_rows += rows
+    counters.max_step_rows = max(counters.max_step_rows, rows + len(running))
+    for chunk, token in zip(chunks, tokens):
+        req = chunk.req
+        if chunk.end == len(req.origin_input_ids):
+            setattr(req, WINDOW_ATTR, None)
+            req.output_ids.append(token)  # the first token, where SGLang's commit puts P's
+            counters.first_tokens += 1
+        else:
+            setattr(req, WINDOW_ATTR, replace(window_of(req), next_row=chunk.end, last_chunk_step=step))
+    log.debug("window step %d: %d rows over %d requests beside %d decoding", step, rows, len(chunks), len(running))
+    return rows
+
+
+def around_get_next_decode_batch(original: Callable, scheduler: Any, running_batch: Any, *args: Any,
+                                 **kwargs: Any) -> Any:
+    settings = _settings()
+    if settings is not None:
+        window_step(scheduler, running_batch, settings)
+    return original(scheduler, running_batch, *args, **kwargs)
+
+
+def around_get_new_prebuilt_batch(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    pending = [req for req in scheduler.waiting_queue if window_of(req) is not None]
+    if not pending:
+        return original(scheduler, *args, **kwargs)
+    scheduler.waiting_queue = [req for req in scheduler.waiting_queue if window_of(req) is None]
+    try:
+        return original(scheduler, *args, **kwargs)
+    finally:
+        scheduler.waiting_queue = pending + scheduler.waiting_queue
