@@ -1,10 +1,20 @@
-"""KL(exact || semantics) of the window positions on the small config, for every semantics.
+"""KL(exact || semantics) of the window positions, for every semantics: random weights or a trained checkpoint.
 
-For each prompt length N and a few random prompts: the exact full prefill's logits at the window
-positions [B, N) against decoder-replay, asym (single process) and asym-exact-encoder computed split
-(prefill-role instance -> payload -> decode-role instance). Writes JSON + a markdown table.
+Random weights (default, small config): for each prompt length N and a few random prompts, the exact
+full prefill's logits at the window positions [B, N) against decoder-replay, asym (single process) and
+asym-exact-encoder computed split (prefill-role instance -> payload -> decode-role instance). Writes
+kl_semantics_{quant}.json + a markdown table.
+
+Trained (--checkpoint DIR, e.g. models/v41-tiny-pydoc from scripts/train_small.py): prompts are crops
+of the held-out documentation text (sglang_asym.training.corpus) in the checkpoint's tokenizer; the same
+prompts run on the trained weights and on random weights of the same config. Per N and semantics:
+KL(exact || semantics) averaged over the window positions and prompts, and top-1 agreement (the share
+of window positions whose argmax equals exact's). asym-exact-encoder equals decoder-replay (tests check
+the split against it), so it is not rerun. Writes kl_semantics_trained.json + .md.
 
     .venv/bin/python benchmark/kl_semantics.py [--lengths 129 256 512 1024 2048] [--prompts 3]
+    .venv/bin/python benchmark/kl_semantics.py --checkpoint models/v41-tiny-pydoc \
+        --lengths 129 256 512 1024 2048 4096 --prompts 3
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.split import Semantics, SplitPlan
 from sglang_asym.verify import Models, random_prompt
+
+from kl_trained import run_trained
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -49,8 +61,13 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-quant", choices=["none", "release"], default="none")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="a trained checkpoint: held-out text prompts, trained vs random weights")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
+    if args.checkpoint is not None:
+        return run_trained(args, RESULTS, kl_rows)
     models = Models.build(V41Config.small(), args.seed, cache_quant=args.cache_quant)
     runs = [("decoder-replay", Semantics.DECODER_REPLAY, False), ("asym", Semantics.ASYM, False),
             ("asym-exact-encoder (split)", Semantics.ASYM_EXACT_ENCODER, True)]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's main command: install what is needed, generate the small V4.1 checkpoint, start the real
-# router + asym-prefill + asym-decode on 127.0.0.1, send prompts, print what happened, stop everything.
+# The README's main command: install what is needed, start the real router + asym-prefill + asym-decode
+# (and a colocated reference) on 127.0.0.1 with the committed trained tiny V4.1 checkpoint, send prompts,
+# print what happened, stop everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SKIP_ORACLE=1 SKIP_SGLANG=1 bash scripts/setup.sh
