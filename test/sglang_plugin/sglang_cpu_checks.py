@@ -731,7 +731,73 @@ def cpu_patches() -> dict:
             "platform": type(current_platform).__name__, "out_of_tree": current_platform.is_out_of_tree()}
 
 
-CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload, "bootstrap": bootstrap, "intake": intake}
+# Lines of SGLang's code the asymmetric hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
+# decode_destinations.py), by the function that holds them.
+ASYM_RELIED_ON = {
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req": [
+        "decode_req.req.output_ids.append(committed_output_id)"],
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": [
+        "new_prebuilt_batch = self.get_new_prebuilt_batch(running_batch)",
+        "running_batch = self.update_running_batch(running_batch)"],
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch": [
+        "req = self.waiting_queue[i]", "self.waiting_queue = waiting_queue"],
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated": [
+        "window_start = max(total_prefix_len, seq_len - window_size)",
+        "self._send_kv_metadata(", "StateType.SWA: _swa_payload,",
+        "StateType.DSV4_REQUEST_STATE: _request_state_payload,"],
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend": [
+        "= alloc_for_extend(", "self.sampling_info = SamplingBatchInfo.from_schedule_batch("],
+    "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped": [
+        "elif not self.finalize_bootstrap(req):", "if not req.is_retracted and self.can_prefill_before_bootstrap(req):"],
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue": [
+        "release_kv_cache(req, self.tree_cache, checkpoint=True)"],
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin._send_kv_chunk": [
+        "window_start = max(req.disagg_decode_prefix_len, seq_len - window_size)", "c128_seq_len = transfer_input_len"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender._prepare_send_indices": [
+        "is_last_chunk = self.curr_idx == self.num_kv_indices"],
+}
+ASYM_SIGNATURES = (
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
+    "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap",
+    "sglang.srt.disaggregation.prefill.maybe_release_metadata_buffer",
+    "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf",
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.send",
+    "sglang.srt.managers.overlap_utils.resolve_forward_inputs",
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.request_state_transfer_indices",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.init_new",
+    "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids",
+)
+
+
+def asym_hooks() -> dict:
+    """Every scheduler hook target of the asymmetric modes and the SGLang code they rely on, as the pinned
+    SGLang has them, and whether an asymmetric scheduler's publish applies them all."""
+    import inspect
+    import pkgutil
+
+    from sglang_asym.sglang_plugin import cpu_import_gaps, hooks
+    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    def resolve(target):
+        owner, attr = target.rsplit(".", 1)
+        return getattr(pkgutil.resolve_name(owner), attr)
+
+    signatures = {t: list(inspect.signature(resolve(t)).parameters)
+                  for t in [*(t for t, _, _ in hooks.scheduler_hook_table()), *ASYM_SIGNATURES]}
+    missing_lines = {t: [line for line in lines if line not in inspect.getsource(resolve(t))]
+                     for t, lines in ASYM_RELIED_ON.items()}
+    hooks.install_scheduler_hooks()
+    return {"signatures": signatures, "missing_lines": {t: v for t, v in missing_lines.items() if v},
+            "applied": sorted(t for t, _, _ in hooks.scheduler_hook_table() if t in HookRegistry._patched),
+            "state_types": [m for m in ("SWA", "DSV4_REQUEST_STATE")
+                            if hasattr(pkgutil.resolve_name("sglang.srt.disaggregation.base.conn").StateType, m)]}
+
+
+CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload, "bootstrap": bootstrap,
+          "intake": intake, "asym_hooks": asym_hooks}
 
 if __name__ == "__main__":
     report = CHECKS[sys.argv[1]](*sys.argv[2:])

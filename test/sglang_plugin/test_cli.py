@@ -122,3 +122,22 @@ def test_extend_parser_needs_sglangs_mode_option():
         extend_parser(argparse.ArgumentParser())
     assert str(err.value) == (
         "SGLang's server parser has no option with dest 'disaggregation_mode': the pinned SGLang changed")
+
+
+def test_decode_step_flags(server_parser, v41_checkpoint):
+    ck = str(v41_checkpoint)
+    args = parse(server_parser, "--model-path", ck, "--disaggregation-mode", "asym-decode", "--asym-token-budget", "96",
+                 "--asym-window-chunk", "16")
+    settings = translate(args)
+    assert settings == AsymSettings("asym-decode", token_budget=96, window_chunk=16)
+    assert (settings.chunk_rows, AsymSettings("asym-decode").chunk_rows) == (16, 32)
+    whole = translate(parse(server_parser, "--model-path", ck, "--disaggregation-mode", "asym-decode",
+                            "--asym-window-chunk", "0"))
+    assert whole.chunk_rows is None
+    assert _error(server_parser, "--model-path", ck, "--disaggregation-mode", "asym-decode",
+                  "--asym-window-chunk", "129") == \
+        "--asym-window-chunk must be an integer in [0, window=128], got 129"
+    assert _error(server_parser, "--model-path", ck, "--disaggregation-mode", "asym-decode",
+                  "--asym-token-budget", "0") == "--asym-token-budget must be a positive integer, got 0"
+    assert _error(server_parser, "--model-path", ck, "--asym-token-budget", "64") == (
+        "--asym-token-budget applies only with --disaggregation-mode asym-prefill or asym-decode (got 'null')")

@@ -18,31 +18,23 @@ session's embedded cluster starts, which keeps the suite's peak memory within th
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import ServerProcess, post, start_server
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import post, start_server
 
-from .helpers import ids, serving
+from .helpers import serving
+from .sglang_servers import (NEW_TOKENS, greedy, patient_router, prompt_of, settle, sglang_server,
+                             write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1500)
 
 LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
-NEW_TOKENS = 8
 SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
-SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
-
-
-def _sglang(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
-    return start_server(mode, checkpoint, logs, "--device", "cpu", "--enable-metrics", *extra,
-                        module="sglang.launch_server", env={**SGLANG_ENV, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +45,7 @@ def dumps(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def sglang_checkpoint(tmp_path_factory) -> Path:
-    """The small V4.1 at SGLang's pool geometry (head_dim 512), release precision, with a tokenizer."""
-    from sglang_asym.checkpoint import write_tokenizer
-    from sglang_asym.checkpoint.quantization import without_quantization
-    from sglang_asym.checkpoint.writer import write_checkpoint
-    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
-
-    out = tmp_path_factory.mktemp("sglang_ckpt")
-    write_checkpoint(out, without_quantization(sglang_small()), seed=11, precision="release", num_shards=3,
-                     progress=False)
-    write_tokenizer(out, sglang_small())
-    return out
+    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_ckpt"))
 
 
 @pytest.fixture(scope="module")
@@ -72,58 +54,28 @@ def engines(sglang_checkpoint, dumps, tmp_path_factory):
     dump_env = {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
     servers = {
         "reference": start_server("null", sglang_checkpoint, logs),  # the embedded runtime
-        "null": _sglang("null", sglang_checkpoint, logs),
-        "null_small_chunks": _sglang("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK)),
-        "prefill": _sglang("prefill", sglang_checkpoint, logs, env=dump_env),
-        "decode": _sglang("decode", sglang_checkpoint, logs, env=dump_env),
+        "null": sglang_server("null", sglang_checkpoint, logs),
+        "null_small_chunks": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK)),
+        "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=dump_env),
+        "decode": sglang_server("decode", sglang_checkpoint, logs, env=dump_env),
     }
     with serving(servers, timeout_s=600):
         yield servers
 
 
-@contextlib.contextmanager
-def router_over(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor):
-    """A router in front of the pair. SGLang's /health runs a request through the scheduler, which on
-    2 shared cores can take longer than the router's 5 s default while a long prompt computes: the
-    health check gets 60 s and 10 failures before a worker counts as down."""
-    proc = RouterProcess(RouterConfig(
-        prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,), port=pick_free_port(),
-        flavor=flavor, retry_max_retries=1,
-        extra_args=("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold",
-                    "10")))
-    proc.start(ready_timeout_s=180)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-def _greedy(base: str, prompt: list[int]) -> list[int]:
-    status, resp = post(base + "/generate", {"input_ids": prompt,
-                                             "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}},
-                        timeout_s=600)
-    assert status == 200, resp
-    assert len(resp["output_ids"]) == NEW_TOKENS
-    return resp["output_ids"]
-
-
-def _prompt(n: int) -> list[int]:
-    return ids(n, seed=n)
-
-
 @pytest.mark.parametrize("n", LENGTHS)
 def test_null_equals_the_embedded_runtime(engines, n):
-    prompt = _prompt(n)
-    assert _greedy(engines["null"].url, prompt) == _greedy(engines["reference"].url, prompt)
+    prompt = prompt_of(n)
+    assert greedy(engines["null"].url, prompt) == greedy(engines["reference"].url, prompt)
 
 
 @pytest.mark.parametrize("flavor, lengths", [(RouterFlavor.SGLANG_ROUTER, LENGTHS), (RouterFlavor.SMG, (1, 129, 600))],
                          ids=["sglang-router", "smg"])
 def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, flavor, lengths):
-    with router_over(engines["prefill"], engines["decode"], flavor) as router:
+    with patient_router(engines["prefill"], engines["decode"], flavor) as router:
         for n in lengths:
-            prompt = _prompt(n)
-            assert _greedy(router.url, prompt) == _greedy(engines["reference"].url, prompt), f"N={n}"
+            prompt = prompt_of(n)
+            assert greedy(router.url, prompt) == greedy(engines["reference"].url, prompt), f"N={n}"
 
 
 def test_after_a_symmetric_transfer_d_holds_ps_rows_byte_for_byte(engines, dumps):
@@ -134,9 +86,9 @@ def test_after_a_symmetric_transfer_d_holds_ps_rows_byte_for_byte(engines, dumps
 
     for old in dumps.glob("*.npz"):
         old.unlink()
-    with router_over(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+    with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         for n in (129, 600, 1501):
-            _greedy(router.url, _prompt(n))
+            greedy(router.url, prompt_of(n))
     rooms = sorted(path.name.removeprefix("decode-") for path in dumps.glob("decode-*.npz"))
     assert len(rooms) == 3 and sorted(p.name.removeprefix("prefill-") for p in dumps.glob("prefill-*.npz")) == rooms
     seen_lengths = []
@@ -180,16 +132,16 @@ def _reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: in
 
 @pytest.mark.parametrize("n", (300, 600))
 def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
-    prompt = _prompt(n)
-    assert _greedy(engines["null_small_chunks"].url, prompt) == \
+    prompt = prompt_of(n)
+    assert greedy(engines["null_small_chunks"].url, prompt) == \
         _reference_greedy_over_chunks(sglang_checkpoint, prompt, SMALL_CHUNK)
 
 
 def test_eight_concurrent_requests_through_the_pair_all_complete(engines):
-    with router_over(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-        prompts = [_prompt(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)]
+    with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        prompts = [prompt_of(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            outputs = list(pool.map(lambda p: _greedy(router.url, p), prompts))
+            outputs = list(pool.map(lambda p: greedy(router.url, p), prompts))
     assert [len(o) for o in outputs] == [NEW_TOKENS] * 8
 
 
@@ -205,25 +157,7 @@ def test_bad_input_gets_a_400_and_the_servers_keep_serving(engines, body, messag
         status, resp = post(engines[server].url + "/generate", body)
         assert status == 400, resp
         assert message in resp["error"]["message"]
-    assert len(_greedy(engines["null"].url, _prompt(3))) == NEW_TOKENS
-
-
-def _used_tokens(server: ServerProcess) -> float:
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("sglang:num_used_tokens"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{server.mode}: /metrics has no sglang:num_used_tokens")
-
-
-def _settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        used = [_used_tokens(s) for s in servers]
-        if not any(used):
-            return used
-        time.sleep(1)
-    return [_used_tokens(s) for s in servers]
+    assert len(greedy(engines["null"].url, prompt_of(3))) == NEW_TOKENS
 
 
 def test_aborted_requests_leave_the_pools_where_they_started(engines):
@@ -231,15 +165,15 @@ def test_aborted_requests_leave_the_pools_where_they_started(engines):
     abort through SGLang, alone and through the pair; afterwards SGLang's own used-token counters are
     back at zero on every server, and each serves the next request."""
     pair = [engines["prefill"], engines["decode"]]
-    assert _settle([engines["null"], *pair]) == [0, 0, 0]
-    body = {"input_ids": _prompt(1500), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    assert settle([engines["null"], *pair]) == [0, 0, 0]
+    body = {"input_ids": prompt_of(1500), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
     for _ in range(3):
         with pytest.raises((TimeoutError, urllib.error.URLError)):
             post(engines["null"].url + "/generate", body, timeout_s=1)
-    with router_over(*pair, RouterFlavor.SGLANG_ROUTER) as router:
+    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
         for _ in range(3):
             with pytest.raises((TimeoutError, urllib.error.URLError)):
                 post(router.url + "/generate", body, timeout_s=1)
-        assert _settle([engines["null"], *pair]) == [0, 0, 0]
-        assert len(_greedy(router.url, _prompt(3))) == NEW_TOKENS
-    assert len(_greedy(engines["null"].url, _prompt(3))) == NEW_TOKENS
+        assert settle([engines["null"], *pair]) == [0, 0, 0]
+        assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
+    assert len(greedy(engines["null"].url, prompt_of(3))) == NEW_TOKENS

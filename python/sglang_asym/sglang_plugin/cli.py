@@ -1,4 +1,4 @@
-"""The command line of an asymmetric SGLang server: two more `--disaggregation-mode` choices, two
+"""The command line of an asymmetric SGLang server: two more `--disaggregation-mode` choices, four
 flags, and their translation to SGLang's own prefill/decode modes.
 
 `extend_parser` runs after `ServerArgs.add_cli_args` (so `--help` lists everything);
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..sched.config import DEFAULT_WINDOW_CHUNK
 from .settings import (
     ASYM_MODES,
     DEFAULT_SEMANTICS,
+    DEFAULT_TOKEN_BUDGET,
     DEFAULT_WINDOW,
     SEMANTICS_CHOICES,
     AsymSettings,
@@ -59,6 +61,23 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         "SGLang's decoder-side bounded replay; 'asym' floors every layer's window at B "
         f"(default {DEFAULT_SEMANTICS}).",
     )
+    group.add_argument(
+        "--asym-token-budget",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help="asym-decode: decode rows + window rows per scheduler step; a window is cut to what is left "
+        f"beside the running requests' decode rows (default {DEFAULT_TOKEN_BUDGET}).",
+    )
+    group.add_argument(
+        "--asym-window-chunk",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help="asym-decode: at most this many window rows per request and step, so a new request's window "
+        f"runs over several steps beside the decoding ones (default min({DEFAULT_WINDOW_CHUNK}, W); 0: whole "
+        "windows).",
+    )
 
 
 def translate(args: argparse.Namespace) -> AsymSettings | None:
@@ -67,8 +86,11 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
     mode = getattr(args, MODE_DEST)
     window = getattr(args, "asym_window", None)
     semantics = getattr(args, "asym_semantics", None)
+    budget = getattr(args, "asym_token_budget", None)
+    chunk = getattr(args, "asym_window_chunk", None)
     if mode not in ASYM_MODES:
-        given = [flag for flag, value in (("--asym-window", window), ("--asym-semantics", semantics))
+        given = [flag for flag, value in (("--asym-window", window), ("--asym-semantics", semantics),
+                                          ("--asym-token-budget", budget), ("--asym-window-chunk", chunk))
                  if value is not None]
         if given:
             verb = "apply" if len(given) > 1 else "applies"
@@ -80,6 +102,11 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
     window = DEFAULT_WINDOW if window is None else window
     semantics = DEFAULT_SEMANTICS if semantics is None else semantics
     validate_asym_args(args, mode, window, semantics)
-    settings = AsymSettings(mode=mode, window=window, semantics=semantics)
+    try:
+        settings = AsymSettings(mode=mode, window=window, semantics=semantics,
+                                token_budget=DEFAULT_TOKEN_BUDGET if budget is None else budget, window_chunk=chunk)
+    except ValueError as exc:  # a budget or chunk out of range, said in the settings' own words
+        raise AsymArgumentError(str(exc).replace("AsymSettings.token_budget", "--asym-token-budget")
+                                .replace("AsymSettings.window_chunk", "--asym-window-chunk")) from None
     setattr(args, MODE_DEST, settings.sglang_mode)
     return settings

@@ -2,13 +2,14 @@
 
   ServerArgs.add_cli_args   AFTER   add the asymmetric modes and --asym-* flags (so --help lists them)
   ServerArgs.from_cli_args  AROUND  validate + translate asym-* to prefill/decode, attach AsymSettings
-  prepare_server_args       AROUND  argument errors as argparse-style exits; CPU servers hand over
-                                    to the embedded runtime
+  prepare_server_args       AROUND  argument errors as argparse-style exits; with
+                                    SGLANG_ASYM_CPU_RUNTIME=embedded, CPU servers hand over to the
+                                    embedded runtime (cpu_handover.py)
   runtime_context.publish   AFTER   in a scheduler process: on CPU, applies cpu_patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
                                     modules do not import on a CPU-only launcher)
-Scheduler hooks:
+Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_canaries.py):
   model_loader.loader._initialize_model
                             AROUND  asym-prefill: builds SGLang's V4.1 model truncated to the prefill
                                     role and binds its filtered weight loading (prefill_model.py);
@@ -19,8 +20,16 @@ Scheduler hooks:
   disaggregation.prefill.PrefillBootstrapQueue.add
                             AROUND  asym-prefill: cuts each fresh request to its first B = N - W
                                     tokens (prefill_cut.py) before SGLang checks capacity, creates
-                                    the KV sender and queues it; N <= W is refused with an HTTP 501
-                                    (the zero-compute completion is not written yet)
+                                    the KV sender and queues it; N <= W is cut to nothing and marked
+                                    zero-compute; prompt logprobs are refused with a 400
+  PrefillBootstrapQueue.can_prefill_before_bootstrap, .pop_bootstrapped,
+  SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
+                            AROUND  asym-prefill: a zero-compute request concludes its room with one
+                                    empty send and no forward (prefill_zero.py)
+  disaggregation.decode: DecodePreallocQueue._send_kv_metadata, DecodeTransferQueue._commit_transfer_to_req,
+  SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run, ._get_new_prebuilt_batch
+                            AROUND  asym-decode: destinations for B, P's placeholder dropped, the window
+                                    [B, N) as EXTEND chunks under the budget policy (asym_decode.py)
 
 `prepare_server_args` is what both `python -m sglang.launch_server` and `sglang serve` call after
 `load_plugins()`; HookRegistry also rebinds the stale `from ... import prepare_server_args` copy

@@ -1,9 +1,12 @@
-"""A test aid: dump a request's rows from SGLang's pool on P (once its prompt is computed) and on D
+"""Test aids: dump a request's rows from SGLang's pool on P (once its prompt is computed) and on D
 (once SGLang's transfer committed it), so a test can compare them byte for byte across the two processes.
 
 Off unless `SGLANG_ASYM_POOL_DUMP_DIR` names a directory (never set in production). Files are
 `{dir}/{role}-{bootstrap_room}.npz` (role `prefill` or `decode`) holding pool_rows.PoolRows.snapshot
-of the request, plus `num_tokens`.
+of the request, plus `num_tokens`. A symmetric pair dumps the whole prompt N; an asymmetric pair dumps
+what crosses (`transferred_extent`): the prefix B and only the layers whose window rows ship.
+With `SGLANG_ASYM_FORWARD_LOG` naming a file, every reference forward appends the layers it ran and the
+rows it computed per request (`log_forward`), so a test can count what each role computed.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,6 +23,7 @@ from .pool_rows import PoolRows
 log = logging.getLogger(__name__)
 
 DUMP_DIR_ENV = "SGLANG_ASYM_POOL_DUMP_DIR"
+FORWARD_LOG_ENV = "SGLANG_ASYM_FORWARD_LOG"  # a JSON-lines file: one line per reference forward
 COMMIT_TRANSFER = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
 
 
@@ -28,11 +32,27 @@ def dump_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def dump(rows: PoolRows, role: str, room: int | None, req: int, num_tokens: int) -> None:
+def transferred_extent(cfg: Any, prompt_len: int) -> tuple[int, tuple[int, ...] | None]:
+    """(num_tokens, window layers) that this server's transfer carries for a prompt of prompt_len tokens:
+    the whole prompt and every layer in a symmetric pair; B and the shipped window layers in an asymmetric one."""
+    from sglang.srt.runtime_context import get_server_args
+
+    from ..split import SplitPlan
+    from .settings import settings_of
+
+    settings = settings_of(get_server_args())
+    if settings is None:
+        return prompt_len, None
+    split = SplitPlan(cfg, prompt_len, settings.window, settings.semantics)
+    return split.boundary, tuple(split.plan.encoder_layers) if split.ships_encoder_swa else ()
+
+
+def dump(rows: PoolRows, role: str, room: int | None, req: int, num_tokens: int,
+         swa_layers: Sequence[int] | None = None) -> None:
     directory = dump_dir()
     if directory is None or not room:  # no room, or room 0: SGLang's fake transfer (health checks) moves nothing
         return
-    snapshot = rows.snapshot(req, num_tokens)
+    snapshot = rows.snapshot(req, num_tokens, swa_layers)
     path = directory / f"{role}-{room}.npz"
     np.savez(path, num_tokens=np.array(num_tokens), **snapshot)
     log.info("sglang-asym: dumped %d groups of room %s to %s", len(snapshot), room, path)
@@ -48,4 +68,19 @@ def after_commit_transfer(result: Any, queue: Any, decode_req: Any, *args: Any, 
     scheduler = queue.scheduler
     cfg = V41Config.from_json_file(scheduler.server_args.model_path)
     rows = PoolRows(scheduler.token_to_kv_pool_allocator.get_kvcache(), scheduler.req_to_token_pool.req_to_token, cfg)
-    dump(rows, "decode", req.bootstrap_room, int(req.kv.req_pool_idx), len(req.origin_input_ids))
+    num_tokens, swa_layers = transferred_extent(cfg, len(req.origin_input_ids))
+    dump(rows, "decode", req.bootstrap_room, int(req.kv.req_pool_idx), num_tokens, swa_layers)
+
+
+def log_forward(role: str, mode: str, layers: Sequence[int], rows: Sequence[tuple[int | None, int, int]],
+                seconds: float) -> None:
+    """Test aid: one line per forward: its mode (extend / decode), the layers it ran, each request's
+    (room, start, end) rows and the forward's wall time."""
+    path = os.environ.get(FORWARD_LOG_ENV)
+    if not path:
+        return
+    import json
+
+    with open(path, "a") as out:
+        out.write(json.dumps({"role": role, "mode": mode, "layers": list(layers), "rows": [list(r) for r in rows],
+                              "seconds": round(seconds, 6)}) + "\n")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -31,7 +32,7 @@ from ..config import V41Config
 from ..model.model import SegmentInput, V41Model
 from ..sched.config import DEFAULT_WINDOW_CHUNK
 from ..split import Semantics, SplitPlan
-from .pool_dump import dump, dump_dir
+from .pool_dump import dump, dump_dir, log_forward, transferred_extent
 from .pool_rows import PoolRows
 from .prefill_cut import prompt_len_of
 from .sglang_weights import reference_model_from_sglang
@@ -141,11 +142,17 @@ class ReferenceForward:
         rows = self.request_rows(input_ids, positions, forward_batch)
         if not rows:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
+        started = time.perf_counter()
         logits: dict[int, torch.Tensor] = {}
+        layers: set[int] = set()
         for phase in phases(rows, self.cfg, self.window, self.semantics):
             for (i, _, _), out in zip(phase, self._run(phase)):
                 logits[i] = out  # a request's last piece has the logits that count
+            layers.update(self.model.layers_run)
         self.forwards += 1
+        mode = "decode" if forward_batch.forward_mode.is_decode() else "extend"
+        log_forward(_FACTS.role, mode, sorted(layers), [(_FACTS.room.get(r.req), r.start, r.end) for r in rows],
+                    time.perf_counter() - started)
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
         return LogitsProcessorOutput(next_token_logits=torch.stack([logits[i] for i in range(len(rows))]).float())
@@ -180,8 +187,10 @@ class ReferenceForward:
             outputs = self.model.forward_batch(inputs)
             for (_, r, _), item in zip(phase, inputs):
                 self._store(item.cache, r)
-                if r.prompt_len == r.end and dump_dir() is not None:  # test aid (pool_dump.py)
-                    dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, r.end)
+                if dump_dir() is not None and r.prompt_len is not None:  # test aid (pool_dump.py)
+                    num_tokens, swa_layers = transferred_extent(self.cfg, r.prompt_len)
+                    if r.end == num_tokens:
+                        dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, r.end, swa_layers)
         finally:
             for item in inputs:
                 item.cache.release()

@@ -1,0 +1,61 @@
+"""Canaries of the asymmetric modes inside SGLang's engine: every scheduler hook target and every piece of
+SGLang 0.5.23 code the hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
+decode_destinations.py), exactly as pinned, checked in a fresh process with the CPU import stand-ins; and
+an asymmetric scheduler's publish applies every hook."""
+
+import json
+
+import pytest
+
+from sglang_asym.sglang_plugin import hooks
+
+from .conftest import REPO, run_python
+
+PREFILL = "sglang.srt.disaggregation.prefill"
+DECODE = "sglang.srt.disaggregation.decode"
+EXPECTED_SIGNATURES = {
+    "sglang.srt.model_loader.loader._initialize_model": ["model_config", "load_config", "quant_config"],
+    "sglang.srt.disaggregation.utils.setup_state_kv_args":
+        ["kv_args", "token_to_kv_pool", "draft_token_to_kv_pool", "total_kv_layers", "req_to_token_pool"],
+    f"{PREFILL}.PrefillBootstrapQueue.add": ["self", "req", "num_kv_heads"],
+    f"{PREFILL}.PrefillBootstrapQueue.can_prefill_before_bootstrap": ["self", "req"],
+    f"{PREFILL}.PrefillBootstrapQueue.pop_bootstrapped": ["self"],
+    f"{PREFILL}.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue": ["self", "rids_to_check"],
+    f"{DECODE}.DecodePreallocQueue._send_kv_metadata":
+        ["self", "decode_req", "kv_indices", "page_size", "state_indices", "metadata_kwargs"],
+    f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req": ["self", "decode_req"],
+    f"{DECODE}.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": ["self", "running_batch"],
+    f"{DECODE}.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch": ["self", "running_batch"],
+    f"{PREFILL}.maybe_release_metadata_buffer": ["req", "allocator"],
+    "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf": ["self", "req"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.send":
+        ["self", "kv_indices", "state_indices", "num_kv_tokens", "indices_event"],
+    "sglang.srt.managers.overlap_utils.resolve_forward_inputs": ["batch", "future_map"],
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.request_state_transfer_indices":
+        ["self", "req_pool_idx", "seq_len"],
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.init_new":
+        ["reqs", "req_to_token_pool", "token_to_kv_pool_allocator", "tree_cache", "model_config", "enable_overlap",
+         "spec_algorithm", "chunked_req", "dllm_config"],
+    "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids": ["self"],
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    done = run_python([str(REPO / "test/sglang_plugin/sglang_cpu_checks.py"), "asym_hooks"], timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("REPORT "))
+
+
+def test_every_hook_target_and_relied_on_function_has_the_pinned_signature(report):
+    assert report["signatures"] == EXPECTED_SIGNATURES
+
+
+def test_every_relied_on_line_is_still_there(report):
+    assert report["missing_lines"] == {}
+
+
+def test_an_asymmetric_scheduler_applies_every_hook(report):
+    assert report["applied"] == sorted(t for t, _, _ in hooks.scheduler_hook_table())
+    assert report["state_types"] == ["SWA", "DSV4_REQUEST_STATE"]

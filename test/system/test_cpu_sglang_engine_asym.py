@@ -1,0 +1,233 @@
+"""The asymmetric modes inside SGLang 0.5.23's own engine on CPU: `python -m sglang.launch_server --device cpu
+--disaggregation-mode asym-prefill | asym-decode` behind sglang-router and smg, against the embedded
+runtime's asym-prefill / asym-decode pair with the same semantics (each semantics is one module-scoped
+set of four servers, started after the other set stopped):
+- greedy outputs are equal for prompts across the window boundary, one request at a time;
+- P ran layers 0-19 and layer 20's KV path on [0, B) only, and no forward at all for N <= W; D ran
+  every layer over [B, N) in window chunks of at most 32 rows (the reference forward's log, a test aid);
+- D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps);
+- a long window runs in chunks beside a running request that keeps decoding every step;
+- 12 concurrent mixed requests (generate, completions, chat; streamed and not) all complete;
+- aborted requests leave SGLang's own pool counters at zero on both workers.
+Sorts after test_cpu_sglang_engine.py and before the embedded clusters, for the same memory reason.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import post, start_server
+
+from .helpers import MODEL, output, serving
+from .sglang_servers import (NEW_TOKENS, greedy, patient_router, prompt_of, settle, sglang_server,
+                             write_sglang_checkpoint)
+
+pytestmark = pytest.mark.timeout(1800)
+
+WINDOW = 128
+CHUNK = 32
+EXACT, ASYM = "asym-exact-encoder", "asym"
+LENGTHS = {EXACT: (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097), ASYM: (1, 128, 129, 257, 1000)}
+SMG_LENGTHS = (1, 129, 1000)
+ENCODER_LAYERS = list(range(20))
+PREFILL_CHUNK = 4096
+
+
+@pytest.fixture(scope="module")
+def sglang_checkpoint(tmp_path_factory) -> Path:
+    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_asym_ckpt"))
+
+
+@pytest.fixture(scope="module", params=[EXACT, ASYM])
+def pairs(request, sglang_checkpoint, tmp_path_factory):
+    """SGLang's asym pair (pool dumps and forward logs on) and the embedded runtime's, for one semantics."""
+    semantics = request.param
+    work = tmp_path_factory.mktemp(f"asym_{semantics}")
+    logs, dumps = work / "logs", work / "dumps"
+    logs.mkdir()
+    dumps.mkdir()
+    # both stacks compute P's prefix in one forward (the reference model is not chunk-invariant bit for bit)
+    flags = ("--asym-semantics", semantics, "--chunked-prefill-size", str(PREFILL_CHUNK))
+
+    def aids(role: str) -> dict[str, str]:
+        return {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps), "SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")}
+
+    servers = {
+        "prefill": sglang_server("asym-prefill", sglang_checkpoint, logs, *flags, env=aids("prefill")),
+        "decode": sglang_server("asym-decode", sglang_checkpoint, logs, *flags, env=aids("decode")),
+        "ref_prefill": start_server("asym-prefill", sglang_checkpoint, logs, *flags),
+        "ref_decode": start_server("asym-decode", sglang_checkpoint, logs, *flags),
+    }
+    with serving(servers, timeout_s=600):
+        yield {"semantics": semantics, "work": work, "dumps": dumps, **servers}
+
+
+def _forwards(pairs, role: str) -> list[dict]:
+    path = pairs["work"] / f"{role}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _forget_logs(pairs) -> None:
+    for role in ("prefill", "decode"):
+        (pairs["work"] / f"{role}.jsonl").unlink(missing_ok=True)
+    for old in pairs["dumps"].glob("*.npz"):
+        old.unlink()
+
+
+def test_greedy_outputs_equal_the_embedded_pair_behind_sglang_router(pairs):
+    _forget_logs(pairs)
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as ours, \
+            patient_router(pairs["ref_prefill"], pairs["ref_decode"], RouterFlavor.SGLANG_ROUTER) as reference:
+        for n in LENGTHS[pairs["semantics"]]:
+            prompt = prompt_of(n)
+            assert greedy(ours.url, prompt) == greedy(reference.url, prompt), f"N={n}"
+    _check_what_each_role_computed(pairs, LENGTHS[pairs["semantics"]])
+
+
+def _check_what_each_role_computed(pairs, lengths) -> None:
+    """P: layers 0-20 over exactly [0, B) per request, nothing for N <= W. D: every layer over [B, N) in
+    chunks on the 32-row grid from B, then one decode row per step."""
+    p_rows: dict[int, list[tuple[int, int]]] = {}
+    for forward in _forwards(pairs, "prefill"):
+        assert forward["layers"] == list(range(21)), forward  # the KV path of layer 20 counts as layer 20
+        for room, start, end in forward["rows"]:
+            if room:  # room 0 / None: the router's health checks run through SGLang's fake transfer
+                p_rows.setdefault(room, []).append((start, end))
+    d_window: dict[int, list[tuple[int, int]]] = {}
+    for forward in _forwards(pairs, "decode"):
+        assert forward["layers"] == list(range(40)), forward
+        for room, start, end in forward["rows"]:
+            if room and forward["mode"] == "extend":
+                d_window.setdefault(room, []).append((start, end))
+    prompts = {}
+    for room, chunks in d_window.items():
+        chunks.sort()
+        first, n = chunks[0][0], chunks[-1][1]
+        assert all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:])), (room, chunks)  # contiguous
+        assert all(e - s <= CHUNK for s, e in chunks), (room, chunks)
+        assert first == max(n - WINDOW, 0), (room, chunks)
+        prompts[room] = n
+    assert sorted(prompts.values()) == sorted(lengths)
+    for room, n in prompts.items():
+        b = max(n - WINDOW, 0)
+        if b == 0:
+            assert room not in p_rows, f"P computed rows for a prompt of {n} <= W tokens"
+        else:
+            covered = sorted(p_rows[room])
+            assert covered[0][0] == 0 and covered[-1][1] == b, (n, covered)
+            assert all(x[1] == y[0] for x, y in zip(covered, covered[1:])), (n, covered)
+    assert len(p_rows) == len([n for n in prompts.values() if n > WINDOW])
+
+
+def test_greedy_outputs_equal_the_embedded_pair_behind_smg(pairs):
+    if pairs["semantics"] != EXACT:
+        pytest.skip("smg is checked with one semantics; the other runs behind sglang-router (no GPU needed)")
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SMG) as ours, \
+            patient_router(pairs["ref_prefill"], pairs["ref_decode"], RouterFlavor.SMG) as reference:
+        for n in SMG_LENGTHS:
+            prompt = prompt_of(n)
+            assert greedy(ours.url, prompt) == greedy(reference.url, prompt), f"N={n}"
+
+
+def test_d_holds_what_p_transferred_byte_for_byte(pairs):
+    """The transferred extent (compressed rows and index keys of [0, B), pending compressor tokens, and
+    with asym-exact-encoder the encoder layers' last window rows) read out of P's pool after its forward
+    and out of D's pool right after SGLang's Mooncake transfer committed the request."""
+    _forget_logs(pairs)
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        for n in (129, 600, 1001):
+            greedy(router.url, prompt_of(n))
+    dumps = pairs["dumps"]
+    rooms = sorted(path.name.removeprefix("decode-") for path in dumps.glob("decode-*.npz"))
+    assert len(rooms) == 3 and sorted(p.name.removeprefix("prefill-") for p in dumps.glob("prefill-*.npz")) == rooms
+    boundaries = []
+    for room in rooms:
+        p, d = np.load(dumps / f"prefill-{room}"), np.load(dumps / f"decode-{room}")
+        b = int(p["num_tokens"])
+        boundaries.append(b)
+        assert int(d["num_tokens"]) == b and sorted(p.files) == sorted(d.files)
+        swa = sorted(int(f.removeprefix("swa.L")) for f in p.files if f.startswith("swa."))
+        assert swa == (ENCODER_LAYERS if pairs["semantics"] == EXACT else [])
+        assert ("tail.L2" in p.files) == (b % 2 == 1)
+        assert p["kv.L20"].shape == (b, 288) and p["kv.L2"].shape == (b // 2, 288)
+        for group in p.files:
+            assert np.array_equal(p[group], d[group]), (b, group)
+        assert p["kv.L20"].any()  # real rows, not an empty pool
+    assert sorted(boundaries) == [1, 472, 873]
+
+
+def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
+    """A request decoding 160 tokens, then a 384-token prompt whose 128-row window runs in 4 chunks: D runs
+    one window chunk and one decode step per scheduler iteration, so between two chunks of the window the
+    running request decodes, and no forward holds more than the budget (256 rows)."""
+    if pairs["semantics"] != EXACT:
+        pytest.skip("scheduling does not depend on the semantics; checked once (no GPU needed)")
+    _forget_logs(pairs)
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            runner = pool.submit(greedy, router.url, prompt_of(5), 160)
+            deadline = time.monotonic() + 300
+            while not any(f["mode"] == "decode" for f in _forwards(pairs, "decode")) and time.monotonic() < deadline:
+                time.sleep(0.2)  # the first request is decoding
+            late = pool.submit(greedy, router.url, prompt_of(384))
+            assert len(late.result()) == NEW_TOKENS and len(runner.result()) == 160
+    forwards = _forwards(pairs, "decode")
+    window_steps = [i for i, f in enumerate(forwards)
+                    if f["mode"] == "extend" and any(s >= 256 and e <= 384 for _, s, e in f["rows"])]
+    assert [forwards[i]["rows"][0][1:] for i in window_steps] == [[256, 288], [288, 320], [320, 352], [352, 384]]
+    decode_steps = [i for i, f in enumerate(forwards) if f["mode"] == "decode"]
+    for a, b in zip(window_steps, window_steps[1:]):
+        assert any(a < i < b for i in decode_steps), "the running request did not decode between two window chunks"
+    assert max(sum(e - s for _, s, e in f["rows"]) for f in forwards) <= 256
+
+
+def test_twelve_concurrent_mixed_requests_all_complete(pairs):
+    if pairs["semantics"] != EXACT:
+        pytest.skip("concurrency does not depend on the semantics; checked once (no GPU needed)")
+    calls = []
+    for i, n in enumerate((3, 64, 129, 200, 257, 300, 20, 140, 400, 90, 513, 130)):
+        kind, stream = ("generate", "completions", "chat")[i % 3], bool(i % 2)
+        if kind == "generate":
+            calls.append(("/generate", {"input_ids": prompt_of(n), "stream": stream,
+                                        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}))
+        elif kind == "completions":
+            calls.append(("/v1/completions", {"model": MODEL, "prompt": prompt_of(n), "max_tokens": NEW_TOKENS,
+                                              "temperature": 0, "stream": stream}))
+        else:
+            calls.append(("/v1/chat/completions", {"model": MODEL, "max_tokens": NEW_TOKENS, "temperature": 0,
+                                                   "stream": stream, "messages": [
+                                                       {"role": "user", "content": "tell me " * (n // 2)}]}))
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(lambda call: output(call[0], call[1], router.url), calls))
+    assert len(results) == 12
+    for (path, _), result in zip(calls, results):
+        if path == "/generate":
+            assert len(result[0]) == NEW_TOKENS
+        else:
+            assert isinstance(result, str)
+
+
+def test_aborted_requests_leave_the_pools_where_they_started(pairs):
+    """Clients that give up mid-request (a 1 s read timeout while P computes the prefix, or D the window or
+    the decode steps of a prompt within the window)
+    abort through SGLang on both workers; afterwards SGLang's own used-token counters are back at zero and
+    the pair serves the next request."""
+    pair = [pairs["prefill"], pairs["decode"]]
+    assert settle(pair) == [0, 0]
+    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
+        for n in (1500, 120, 1500):
+            body = {"input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+            with pytest.raises((TimeoutError, urllib.error.URLError)):
+                post(router.url + "/generate", body, timeout_s=1)
+        assert settle(pair) == [0, 0]
+        assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
+        assert len(greedy(router.url, prompt_of(300))) == NEW_TOKENS
