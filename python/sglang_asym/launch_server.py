@@ -94,6 +94,11 @@ def validate(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --model-path {args.model_path} is not a checkpoint directory")
     if args.speculative_num_draft_tokens:
         validate_draft_tokens(args.model_path, args.speculative_num_draft_tokens)
+    if args.enable_deterministic_inference:
+        try:  # fixed window chunks need room for the queue head's whole chunk
+            engine_options(args)
+        except ValueError as exc:
+            raise SystemExit(f"error: --enable-deterministic-inference: {exc}") from None
 
 
 def validate_draft_tokens(model_path: str, k: int) -> None:

@@ -53,3 +53,15 @@ def test_an_explicit_chunk_size_is_kept(tmp_path):
 def test_out_of_range_chunk_sizes_are_refused(tmp_path, value):
     with pytest.raises(SystemExit, match=rf"--window-chunk-size must be in \[0, --asym-window=128\] .*got {value}$"):
         _sched(tmp_path, "--window-chunk-size", value)
+
+
+def test_deterministic_inference_flag(tmp_path):
+    """--enable-deterministic-inference: the engine options and the scheduler both carry it; a budget too small
+    for the queue head's whole chunk is refused at launch."""
+    assert not _sched(tmp_path).deterministic
+    args = launch_server.build_parser().parse_args(["--model-path", str(tmp_path), "--enable-deterministic-inference"])
+    launch_server.validate(args)
+    options = launch_server.engine_options(args)
+    assert options.deterministic and options.scheduler.deterministic and options.scheduler.window_chunk == 32
+    with pytest.raises(SystemExit, match=r"--enable-deterministic-inference: .* = 127 >= window_chunk \(128\)"):
+        _sched(tmp_path, "--window-chunk-size", "128", "--enable-deterministic-inference")
