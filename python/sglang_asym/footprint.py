@@ -6,7 +6,7 @@
 
 Both print one JSON object. Byte counts are at released storage precision (see
 sglang_asym.checkpoint.accounting). KV sizes per token use the cache row formats of
-design/v41-model.md: compressed main rows e2m1 + e4m3 scale per 16 channels, index-key rows
+docs/v41-model.md ("Row formats"): compressed main rows e2m1 + e4m3 scale per 16 channels, index-key rows
 MXFP4, SWA rows fp8 + ue8m0 per 32 channels.
 """
 

@@ -1,7 +1,7 @@
 """LayerPlan: each layer's role, where it reads compressed KV / index selections, and what the
 prefill role must hold.
 
-Roles (v41-model.md): `swa` (ratio 0, window only), `full` (owns a compressor and index keys,
+Roles (docs/v41-model.md, "Layer roles"): `swa` (ratio 0, window only), `full` (owns a compressor and index keys,
 computes its own top-k), `full_candidate` (the last KV source: full + candidate blocks for the
 reindex layers), `reindex` (own index query, scored inside the candidate blocks), `reuse` (reads
 the latest selection and the latest KV source's rows). Encoder = layers before the last KV source;

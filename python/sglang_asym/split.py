@@ -6,7 +6,7 @@ floor(B/2) pair rows, plus the compressor tail when B is odd; the ratio-1 owner:
 the exact-encoder handoff also the encoder layers' window rows [B - (W-1), B). The decode role
 computes [B, N) through every layer. N <= W: nothing crosses and the prefill role runs no layer.
 
-Semantics (architecture.md):
+Semantics (docs/v41-model.md, "Semantics"; docs/architecture.md follows a request through the split):
   exact               plain full prefill, no floors (cannot be split when N > W)
   decoder-replay      window queries from the last KV source on see window keys only from B
   asym                every layer's window keys floored at B on the decode role

@@ -1,6 +1,6 @@
 """Per-request cache groups over shared paged pools.
 
-Groups (v41-model.md, "Cache groups"):
+Groups (docs/v41-model.md, "Cache groups"):
   swa.L{i}    layer i's window KV rows (one per token; only the last window is kept)
   kv.L{o}     owner o's compressed main-KV rows (one per token pair for ratio 2, per token for ratio 1)
   index.L{o}  owner o's index-key rows (same count as kv.L{o})

@@ -9,8 +9,6 @@ softmax run per request (Segment) on its own cache."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -18,6 +16,7 @@ from ..cache import RequestCache, index_group, kv_group, swa_group
 from ..cache.request import ROLLBACK_MARGIN_ROWS
 from ..config import V41Config
 from ..layer_plan import LayerInfo, Role
+from .batch import ChunkState, RowBatch, Segment, window_start
 from .compressor import Compressor, write_compressed_rows
 from .indexer import Indexer
 from .primitives import RMSNorm, RopeTable, apply_rope, grouped_linear
@@ -27,46 +26,6 @@ QUERY_TILE = 256  # queries per attention/indexer tile: bounds the [tile, heads,
 # Segments of at most this many rows (decode and verify steps, 1 + k <= 8) with the same row count are
 # attended together in one softmax over padded keys; other segments are attended on their own.
 SMALL_SEGMENT_ROWS = 8
-
-
-def _window_start(cfg: V41Config, layer: int, first: int, floor: int, window_rows) -> int:
-    """The first window key a chunk starting at position `first` reads (its window reaches back
-    sliding_window - 1 positions, never below the layer's floor); raises if the cache dropped it."""
-    need = max(floor, first - cfg.sliding_window + 1, 0)
-    if window_rows.start > need:
-        raise RuntimeError(f"layer {layer}: window rows from {need} are needed but the cache starts at "
-                           f"{window_rows.start} (no floor covers them)")
-    return need
-
-
-@dataclass
-class ChunkState:
-    """Per-request, per-forward state that flows from layer to layer (never cached across forwards)."""
-
-    positions: torch.Tensor  # [T] absolute positions of the chunk's tokens
-    selection: torch.Tensor | None = None  # [T, k] row ids chosen by the latest index source (-1: none)
-    candidates: torch.Tensor | None = None  # [T, rows] candidate mask from the last KV source
-
-
-@dataclass
-class Segment:
-    """One request's consecutive rows inside a batched forward, with its cache and chunk state."""
-
-    rows: slice
-    cache: RequestCache
-    state: ChunkState
-
-    @property
-    def start(self) -> int:
-        return int(self.state.positions[0])
-
-
-@dataclass
-class RowBatch:
-    """The rows of one forward: dense parts run over all of them, attention per segment on its own cache."""
-
-    positions: torch.Tensor  # [rows] every segment's positions, concatenated in segment order
-    segments: list[Segment]
 
 
 class Attention(nn.Module):
@@ -173,7 +132,7 @@ class Attention(nn.Module):
         cfg, layer = self.cfg, self.info.index
         first, last = int(pos[0]), int(pos[-1])
         floor = cache.swa_floor.get(layer, 0)
-        need = _window_start(cfg, layer, first, floor, window_rows)
+        need = window_start(cfg, layer, first, floor, window_rows)
         keys = window_rows.read(need, last + 1)
         key_pos = torch.arange(need, last + 1, device=q.device)
         low = torch.clamp(pos - cfg.sliding_window + 1, min=floor)
@@ -205,7 +164,7 @@ class Attention(nn.Module):
             pos, cache = seg.state.positions, seg.cache
             first, last = int(pos[0]), int(pos[-1])
             floor = cache.swa_floor.get(layer, 0)
-            need = _window_start(cfg, layer, first, floor, window_rows)
+            need = window_start(cfg, layer, first, floor, window_rows)
             queries.append(q)
             positions.append(pos)
             lows.append(torch.clamp(pos - cfg.sliding_window + 1, min=floor))

@@ -8,7 +8,8 @@ from torch import nn
 
 from ..config import V41Config
 from ..layer_plan import LayerInfo
-from .attention import Attention, RowBatch
+from .attention import Attention
+from .batch import RowBatch
 from .compressor import Compressor, write_compressed_rows
 from .indexer import Indexer
 from .mhc import collapse, expand, site_mix

@@ -8,19 +8,15 @@ mxfp4, after wk and k_norm)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..cache import RequestCache, index_group, kv_group
 from ..config import V41Config
+from .batch import RowBatch
 from .primitives import RMSNorm, RopeTable, apply_rope, linear
 from .quant import Quantizer
-
-if TYPE_CHECKING:
-    from .attention import RowBatch
 
 
 class Compressor(nn.Module):

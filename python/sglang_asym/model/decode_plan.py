@@ -15,7 +15,7 @@ import torch
 from ..cache import RequestCache, index_group, kv_group, swa_group
 from ..cache.paged import PagedRows
 from ..cache.request import ROLLBACK_MARGIN_ROWS
-from .attention import _window_start
+from .batch import window_start
 from .decode_graph import INPUT_NAMES, DecodeShape, kv_owners, ratio2_owners, window_keys
 from .segments import SegmentProgram
 
@@ -85,7 +85,7 @@ class DecodeStep:
                 rows = cache.rows(swa_group(info.index))
                 if rows.end != p0:
                     raise RuntimeError(f"layer {info.index}: window rows end at {rows.end}, request {b} is at {p0}")
-                self._need[li][b] = _window_start(cfg, info.index, p0, cache.swa_floor.get(info.index, 0), rows)
+                self._need[li][b] = window_start(cfg, info.index, p0, cache.swa_floor.get(info.index, 0), rows)
                 if info.owns_kv:
                     kv = cache.rows(kv_group(info.index))
                     if kv.start != 0 or kv.end != p0 // info.ratio:

@@ -49,7 +49,7 @@ from ..sched import (
     choose_window_graph,
 )
 from ..sched.graphs import smallest_bucket_at_least
-from .attention import ChunkState, RowBatch, Segment
+from .batch import ChunkState, RowBatch, Segment
 from .decode_graph import DecodeForward, DecodeShape, context_capacity
 from .decode_plan import PAD_TOKEN, DecodeRequest, DecodeStep, context_rows
 from .model import V41Model

@@ -19,7 +19,7 @@ from torch import nn
 from ..cache import CacheSet, CacheSizing, RequestCache, kv_group, swa_group
 from ..config import ConfigError, V41Config
 from ..layer_plan import LayerPlan
-from .attention import ChunkState, RowBatch, Segment
+from .batch import ChunkState, RowBatch, Segment
 from .block import Block, KVPathBlock
 from .mhc import collapse
 from .primitives import RMSNorm

@@ -12,9 +12,9 @@ Modules (one job each):
     slot_pool, quarantine, decode_slots   destination slot ownership on D
     extents, staging  staged transfers: P's staging and D's landing extents (a room in a few entries)
     checksum        per-group CRC32C over rows in row order (P folds rows in as send_rows hands them over)
-    prefill_manager, prefill_room, prefill_writer, sender      P side (PrefillTransferManager, Sender)
-    decode_manager, decode_room, decode_slots, decode_verifier, receiver   D side (DecodeTransferManager,
-                    Receiver; the verifier re-reads every destination row after P's completion)
+    prefill_manager, prefill_room, prefill_writer   P side (PrefillTransferManager and its per-request Sender)
+    decode_manager, decode_room, decode_slots, decode_verifier   D side (DecodeTransferManager and its
+                    per-request Receiver; the verifier re-reads every destination row after P's completion)
     loopback_rpc, loopback_common, loopback_agents   spawned P/D agents for tests and benchmarks
 """
 
