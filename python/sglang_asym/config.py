@@ -19,6 +19,9 @@ from typing import Any
 
 V41_MODEL_TYPES = ("deepseek_v41", "deepseek_v41_text")
 V41_ARCHITECTURE = "DeepseekV41ForCausalLM"
+# W: the released sliding window, and the default window the decode role computes (--asym-window).
+# The one place the number is written: every default window of the package comes from here.
+DEFAULT_WINDOW = 128
 
 _FLASH_RATIOS = (0, 0) + (2,) * 18 + (1,) * 20 + (0,) * 3
 _FLASH_KV_SOURCES = (2, 8, 14, 20)
@@ -61,7 +64,7 @@ class V41Config:
     topk_method: str = "noaux_tc"
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.5
-    sliding_window: int = 128
+    sliding_window: int = DEFAULT_WINDOW
     compress_ratios: tuple[int, ...] = _FLASH_RATIOS
     compress_rope_theta: float = 160000.0
     kv_source_layer_ids: tuple[int, ...] = _FLASH_KV_SOURCES

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .checkpoint import CheckpointError
-from .config import ConfigError
+from .config import DEFAULT_WINDOW, ConfigError
 from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
 from .sched.config import DEFAULT_WINDOW_CHUNK
 from .split import Semantics
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-transfer-backend", choices=["mooncake"], default="mooncake")
     p.add_argument("--disaggregation-ib-device", default=None, help="accepted for SGLang compatibility (RDMA)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--asym-window", type=int, default=128)
+    p.add_argument("--asym-window", type=int, default=DEFAULT_WINDOW)
     p.add_argument("--asym-semantics", default=None,
                    choices=[Semantics.ASYM_EXACT_ENCODER.value, Semantics.ASYM.value, Semantics.EXACT.value],
                    help="default: asym-exact-encoder (null, asym-*), exact (prefill / decode: symmetric PD "

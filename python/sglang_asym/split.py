@@ -22,7 +22,7 @@ from functools import cached_property
 import torch
 
 from .cache import index_group, kv_group, swa_group, tail_group
-from .config import V41Config
+from .config import DEFAULT_WINDOW, V41Config
 from .formats import row_bytes
 from .layer_plan import LayerPlan
 from .manifest import PayloadManifest, RowGroup
@@ -53,7 +53,7 @@ class SplitError(ValueError):
 class SplitPlan:
     config: V41Config
     prompt_len: int
-    window: int = 128
+    window: int = DEFAULT_WINDOW
     semantics: Semantics = Semantics.ASYM_EXACT_ENCODER
 
     def __post_init__(self) -> None:

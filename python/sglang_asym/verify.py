@@ -17,7 +17,7 @@ import torch
 from .asym import run_prefix, run_reference, run_window
 from .cache import CacheSizing
 from .checkpoint.random_init import random_weights
-from .config import V41Config
+from .config import DEFAULT_WINDOW, V41Config
 from .model import V41Model
 from .model.steps import greedy_continue
 from .split import Semantics, SplitPlan
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", choices=["tiny", "small"], required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompt-len", type=int, required=True)
-    parser.add_argument("--window", type=int, default=128)
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW)
     parser.add_argument("--semantics", default=Semantics.ASYM_EXACT_ENCODER.value,
                         choices=[s.value for s in Semantics])
     parser.add_argument("--new-tokens", type=int, default=16)

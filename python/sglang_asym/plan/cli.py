@@ -12,6 +12,7 @@ import math
 import sys
 from dataclasses import asdict
 
+from ..sched.config import DEFAULT_WINDOW_CHUNK
 from .errors import PlanInputError
 from .gpu_model import GpuStepModel
 from .gpus import GPUS, gpu
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--domain-gpus", type=int, help="override the GPU's NVLink domain size")
     p.add_argument("--decode-gpus", type=int, help="force the D replica size")
     p.add_argument("--prefill-gpus", type=int, help="force the P replica size")
-    p.add_argument("--window-chunk", type=int, default=32, help="window rows per step (0: whole windows)")
+    p.add_argument("--window-chunk", type=int, default=DEFAULT_WINDOW_CHUNK, help="window rows per step (0: whole windows)")
     p.add_argument("--policy", choices=["budget", "admit_all"], default="budget")
     p.add_argument("--simulate", action="store_true", help="also simulate a slice of one serving unit")
     p.add_argument("--sim-requests", type=int, default=400)

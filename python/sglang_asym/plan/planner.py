@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from ..config import DEFAULT_WINDOW
 from ..footprint import FitAssumptions
 from ..sched import SchedulerConfig
+from ..sched.config import DEFAULT_WINDOW_CHUNK
 from .alarms import suggested_alarms
 from .errors import PlanInputError
 from .gpu_model import Efficiency, GpuStepModel
@@ -33,7 +35,7 @@ from .steptime import Role
 from .transfer_model import Link, Mode, payload_bytes
 from .workload import Workload
 
-WINDOW = 128
+WINDOW = DEFAULT_WINDOW
 RFC_URL = "https://github.com/vllm-project/vllm/issues/57738"
 
 
@@ -46,7 +48,7 @@ class PlanOptions:
     decode_gpus: int | None = None  # None: every D replica size that fits is tried; the cheapest plan wins
     prefill_gpus: int | None = None  # None: the smallest P replica that holds the role's weights and a prompt
     max_running_per_rank: int = 128
-    window_chunk: int | None = 32  # None: whole windows (no chunking)
+    window_chunk: int | None = DEFAULT_WINDOW_CHUNK  # None: whole windows (no chunking)
     policy: str = "budget"
     prefill_chunk: int = 8192
     decode_utilization: float = 0.85

@@ -27,13 +27,13 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..config import V41Config
+from ..config import DEFAULT_WINDOW, V41Config
 from ..sched import Scheduler, SchedulerConfig
 from .errors import PlanInputError
 from .steptime import Role, StepTimeModel
 from .transfer_model import Link, Mode, exposed_transfer_s, payload_bytes
 
-WINDOW = 128
+WINDOW = DEFAULT_WINDOW
 QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)  # of TTFT and ITL, kept in the summary for plots
 
 

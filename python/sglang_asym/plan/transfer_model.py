@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 
-from ..config import V41Config
+from ..config import DEFAULT_WINDOW, V41Config
 from ..layer_plan import LayerPlan
 from ..split import SplitPlan
 from .errors import PlanInputError
 
-WINDOW = 128
+WINDOW = DEFAULT_WINDOW
 
 
 class Mode(str, Enum):

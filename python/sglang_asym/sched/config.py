@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..config import DEFAULT_WINDOW
+
 MAX_DRAFT_TOKENS = 7  # DSpark drafts at most 7 tokens: the verify width 1 + k is at most 8 rows.
 
 # window rows per request and decode-worker step unless --window-chunk-size says otherwise (both runtimes)
@@ -100,7 +102,7 @@ class SchedulerConfig:
     max_window_rows_per_step: int = 512  # window rows per step, never exceeded
     max_running: int = 64  # running decode requests, including those admitted this step
     num_draft_tokens: int = 3  # k: a running request verifies 1 + k rows per step
-    window: int = 128  # W: the most prompt rows a new request runs on the decode worker
+    window: int = DEFAULT_WINDOW  # W: the most prompt rows a new request runs on the decode worker
     mode: StepMode = StepMode.MIXED
     policy: AdmitPolicy = AdmitPolicy.BUDGET
     # Aging: a queue head that has waited this many steps is admitted even over the token budget.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...config import DEFAULT_WINDOW
 from ...sched import SchedulerConfig
 from ...split import Semantics
 
@@ -40,7 +41,7 @@ def check_mode_semantics(mode: str, semantics: Semantics | str) -> Semantics:
 @dataclass(frozen=True)
 class EngineOptions:
     model_path: str
-    window: int = 128  # --asym-window
+    window: int = DEFAULT_WINDOW  # --asym-window
     semantics: Semantics = Semantics.ASYM_EXACT_ENCODER  # --asym-semantics
     cache_quant: str = "release"  # --cache-quant: the release's cache formats are part of the model
     max_running: int = 8
