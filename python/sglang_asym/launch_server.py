@@ -18,7 +18,7 @@ from pathlib import Path
 from .checkpoint import CheckpointError
 from .config import DEFAULT_WINDOW, ConfigError
 from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
-from .sched.config import DEFAULT_WINDOW_CHUNK
+from .sched.config import DEFAULT_WINDOW_CHUNK, chunk_rows_for
 from .split import Semantics
 
 MODES = ("null", "asym-prefill", "asym-decode", "prefill", "decode")
@@ -125,9 +125,7 @@ def validate_draft_tokens(model_path: str, k: int) -> None:
 def window_chunk(args: argparse.Namespace) -> int | None:
     """SchedulerConfig.window_chunk for --window-chunk-size: unset -> DEFAULT_WINDOW_CHUNK (at most the
     window), 0 -> None (whole windows), c -> c; each chunk is also cut to the budget left."""
-    if args.window_chunk_size is None:
-        return min(DEFAULT_WINDOW_CHUNK, args.asym_window)
-    return args.window_chunk_size or None
+    return chunk_rows_for(args.asym_window, args.window_chunk_size)
 
 
 def engine_options(args: argparse.Namespace):

@@ -13,9 +13,8 @@ from sglang_asym.split import SplitPlan
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sglang_asym"
 HOMES = {("config.py", "DEFAULT_WINDOW"), ("sched/config.py", "DEFAULT_WINDOW_CHUNK")}
-# Numbers still written elsewhere, each with why. sglang_plugin/settings.py keeps its own copy of W
-# until the plugin imports config.DEFAULT_WINDOW (the plugin is being changed by another developer).
-KNOWN = {("sglang_plugin/settings.py", "DEFAULT_WINDOW")}
+# Numbers still written elsewhere, each with why (none today).
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _int(node: ast.AST | None) -> bool:

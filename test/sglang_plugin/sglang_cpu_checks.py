@@ -741,6 +741,10 @@ ASYM_RELIED_ON = {
         "running_batch = self.update_running_batch(running_batch)"],
     "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch": [
         "req = self.waiting_queue[i]", "self.waiting_queue = waiting_queue"],
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue._swa_tail_len": [
+        "window_start = max(0, seq_len - window_size)", "return seq_len - window_start"],
+    "sglang.srt.disaggregation.decode.alloc_for_decode_prealloc": [
+        "swa_evicted_seqlen = fill_len - swa_tail_len"],
     "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated": [
         "window_start = max(total_prefix_len, seq_len - window_size)",
         "self._send_kv_metadata(", "StateType.SWA: _swa_payload,",

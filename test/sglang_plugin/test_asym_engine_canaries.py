@@ -21,6 +21,7 @@ EXPECTED_SIGNATURES = {
     f"{PREFILL}.PrefillBootstrapQueue.can_prefill_before_bootstrap": ["self", "req"],
     f"{PREFILL}.PrefillBootstrapQueue.pop_bootstrapped": ["self"],
     f"{PREFILL}.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue": ["self", "rids_to_check"],
+    f"{DECODE}.DecodePreallocQueue._swa_tail_len": ["self", "seq_len"],
     f"{DECODE}.DecodePreallocQueue._send_kv_metadata":
         ["self", "decode_req", "kv_indices", "page_size", "state_indices", "metadata_kwargs"],
     f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req": ["self", "decode_req"],

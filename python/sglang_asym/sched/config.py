@@ -14,6 +14,14 @@ MAX_DRAFT_TOKENS = 7  # DSpark drafts at most 7 tokens: the verify width 1 + k i
 DEFAULT_WINDOW_CHUNK = 32
 
 
+def chunk_rows_for(window: int, window_chunk: int | None) -> int | None:
+    """The policy's window_chunk from a window-chunk flag: None (unset) -> min(DEFAULT_WINDOW_CHUNK, W);
+    0 -> None (whole windows); c -> c."""
+    if window_chunk is None:
+        return min(DEFAULT_WINDOW_CHUNK, window)
+    return window_chunk or None
+
+
 class StepMode(str, Enum):
     """How admitted window rows share a step with the running requests' decode rows."""
 

@@ -1,6 +1,9 @@
 """The asym-decode role inside SGLang's decode scheduler: destinations for B, the window step over [B, N).
 
-Four hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each target is canary-pinned):
+Five hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each target is canary-pinned):
+  DecodePreallocQueue._swa_tail_len            AROUND  SWA slots from the window below B on, where P's
+                                                       encoder window rows land (SGLang allocates them
+                                                       only for the window ending at N)
   DecodePreallocQueue._send_kv_metadata        AROUND  the destinations D sends P are those of the
                                                        prefix B = N - W (decode_destinations.py)
   DecodeTransferQueue._commit_transfer_to_req  AROUND  P's placeholder token (P samples nothing that
@@ -93,6 +96,19 @@ def around_send_kv_metadata(original: Callable, queue: Any, decode_req: Any, kv_
         boundary = boundary_of(len(req.origin_input_ids), settings)
         kv_indices, state_indices = destinations_for_prefix(queue, req, boundary, state_indices)
     return original(queue, decode_req, kv_indices, page_size, state_indices, **kwargs)
+
+
+def around_swa_tail_len(original: Callable, queue: Any, seq_len: int, *args: Any, **kwargs: Any) -> int:
+    """SGLang gives a decode request SWA slots only for the window ending at its prompt's end, from
+    floor_page(N - W). An asymmetric request needs them from floor_page(B - W) = floor_page(N - 2W): P ships
+    the encoder layers' window rows below B, and D's window step reads them."""
+    tail = original(queue, seq_len, *args, **kwargs)
+    settings = _settings()
+    if settings is None or seq_len <= 0 or tail >= seq_len:
+        return tail
+    page = queue.token_to_kv_pool_allocator.page_size
+    start = max(0, seq_len - 2 * settings.window) // page * page
+    return max(tail, seq_len - start)
 
 
 def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:

@@ -26,9 +26,11 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
   SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
                             AROUND  asym-prefill: a zero-compute request concludes its room with one
                                     empty send and no forward (prefill_zero.py)
-  disaggregation.decode: DecodePreallocQueue._send_kv_metadata, DecodeTransferQueue._commit_transfer_to_req,
+  disaggregation.decode: DecodePreallocQueue._swa_tail_len, ._send_kv_metadata,
+  DecodeTransferQueue._commit_transfer_to_req,
   SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run, ._get_new_prebuilt_batch
-                            AROUND  asym-decode: destinations for B, P's placeholder dropped, the window
+                            AROUND  asym-decode: SWA slots and destinations for B, P's placeholder
+                                    dropped, the window
                                     [B, N) as EXTEND chunks under the budget policy (asym_decode.py)
 
 `prepare_server_args` is what both `python -m sglang.launch_server` and `sglang serve` call after
@@ -69,6 +71,7 @@ PREFILL_POP_BOOTSTRAPPED = "sglang.srt.disaggregation.prefill.PrefillBootstrapQu
 PREFILL_INFLIGHT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
                     "process_disagg_prefill_inflight_queue")
 DECODE = "sglang.srt.disaggregation.decode"
+DECODE_SWA_TAIL = f"{DECODE}.DecodePreallocQueue._swa_tail_len"
 DECODE_SEND_METADATA = f"{DECODE}.DecodePreallocQueue._send_kv_metadata"
 DECODE_COMMIT = f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req"
 DECODE_NEXT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run"
@@ -212,6 +215,7 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
         (PREFILL_EARLY, prefill_zero.around_can_prefill_before_bootstrap, "AROUND"),
         (PREFILL_POP_BOOTSTRAPPED, prefill_zero.around_pop_bootstrapped, "AROUND"),
         (PREFILL_INFLIGHT, prefill_zero.around_process_inflight, "AROUND"),
+        (DECODE_SWA_TAIL, asym_decode.around_swa_tail_len, "AROUND"),
         (DECODE_SEND_METADATA, asym_decode.around_send_kv_metadata, "AROUND"),
         (DECODE_COMMIT, asym_decode.around_commit_transfer_to_req, "AROUND"),
         (DECODE_NEXT_BATCH, asym_decode.around_get_next_decode_batch, "AROUND"),

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..sched.config import DEFAULT_WINDOW_CHUNK
+from ..config import DEFAULT_WINDOW
+from ..sched.config import chunk_rows_for
 
 ASYM_PREFILL = "asym-prefill"
 ASYM_DECODE = "asym-decode"
@@ -21,7 +22,6 @@ ASYM_MODES = (ASYM_PREFILL, ASYM_DECODE)
 # --disaggregation-mode value -> the SGLang mode the scheduler runs.
 SGLANG_MODE_OF = {ASYM_PREFILL: "prefill", ASYM_DECODE: "decode"}
 
-DEFAULT_WINDOW = 128
 SEMANTICS_CHOICES = ("asym-exact-encoder", "asym")
 DEFAULT_SEMANTICS = "asym-exact-encoder"
 DEFAULT_TOKEN_BUDGET = 256  # decode rows + window rows per decode-worker step
@@ -39,7 +39,7 @@ class AsymSettings:
     window: int = DEFAULT_WINDOW
     semantics: str = DEFAULT_SEMANTICS
     token_budget: int = DEFAULT_TOKEN_BUDGET
-    window_chunk: int | None = None  # window rows per request and step; None: min(DEFAULT_WINDOW_CHUNK, W); 0: whole
+    window_chunk: int | None = None  # window rows per request and step; see chunk_rows_for
 
     def __post_init__(self) -> None:
         if self.mode not in ASYM_MODES:
@@ -58,9 +58,7 @@ class AsymSettings:
     @property
     def chunk_rows(self) -> int | None:
         """The policy's window_chunk: rows per request and step, None for whole windows."""
-        if self.window_chunk is None:
-            return min(DEFAULT_WINDOW_CHUNK, self.window)
-        return self.window_chunk or None
+        return chunk_rows_for(self.window, self.window_chunk)
 
     @property
     def sglang_mode(self) -> str:
