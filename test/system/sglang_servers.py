@@ -55,10 +55,9 @@ def patient_router(prefill: ServerProcess, decode: ServerProcess, flavor: Router
         proc.stop()
 
 
-def greedy(base: str, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
-    status, resp = post(base + "/generate", {"input_ids": prompt,
-                                             "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}},
-                        timeout_s=600)
+def greedy(base: str, prompt: list[int], new_tokens: int = NEW_TOKENS, ignore_eos: bool = False) -> list[int]:
+    sampling = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": ignore_eos}
+    status, resp = post(base + "/generate", {"input_ids": prompt, "sampling_params": sampling}, timeout_s=600)
     assert status == 200, resp
     assert len(resp["output_ids"]) == new_tokens
     return resp["output_ids"]

@@ -173,7 +173,7 @@ def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
     _forget_logs(pairs)
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            runner = pool.submit(greedy, router.url, prompt_of(5), 160)
+            runner = pool.submit(greedy, router.url, prompt_of(5), 160, True)  # ignore_eos: it must keep decoding
             deadline = time.monotonic() + 300
             while not any(f["mode"] == "decode" for f in _forwards(pairs, "decode")) and time.monotonic() < deadline:
                 time.sleep(0.2)  # the first request is decoding
