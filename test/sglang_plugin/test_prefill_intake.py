@@ -12,7 +12,7 @@ import pytest
 
 from sglang_asym.config import V41Config
 from sglang_asym.sglang_plugin.prefill_cut import (
-    PrefillCut, PrefillCutError, cut_request, prefill_cut_for, prompt_len_of, prompt_logprobs_refusal)
+    PrefillCut, PrefillCutError, cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of)
 from sglang_asym.sglang_plugin.settings import AsymSettings
 from sglang_asym.split import SplitError, SplitPlan
 
@@ -79,10 +79,13 @@ def test_cut_request_refuses_what_it_cannot_cut():
     assert prompt_len_of(padded) is None and len(padded.origin_input_ids) == 40
 
 
-def test_prompt_logprobs_refusal_says_why():
-    message = prompt_logprobs_refusal(WINDOW + 5, AsymSettings("asym-prefill", window=WINDOW))
-    assert message.startswith("sglang-asym: prompt logprobs are not available in the asymmetric modes")
-    assert f"only the last W={WINDOW} of the {WINDOW + 5}" in message
+def test_logprobs_refusals_say_why():
+    settings = AsymSettings("asym-prefill", window=WINDOW)
+    prompt = logprobs_refusal(WINDOW + 5, 0, settings)
+    assert prompt.startswith("sglang-asym: prompt logprobs are not available in the asymmetric modes")
+    assert f"only the last W={WINDOW} of the {WINDOW + 5}" in prompt
+    assert logprobs_refusal(WINDOW + 5, -1, settings).startswith(
+        "sglang-asym: output logprobs are not available yet in the asymmetric modes inside SGLang's engine")
 
 
 @pytest.fixture(scope="module")
@@ -107,25 +110,28 @@ def test_sglangs_queue_takes_the_cut_request(report):
                     "prompt_len": WINDOW + 5, "max_new_tokens": 1, "sender": "FakeKVSender", "finished": None,
                     "zero_compute": False}
     assert report["prefill"]["long_readded"] == long  # a requeued request is not cut again
-    assert report["prefill"]["output_logprobs"] == {**long, "sender": "FakeKVSender"}
 
 
 def test_a_prompt_within_the_window_is_cut_to_nothing_and_marked_zero_compute(report):
     assert report["prefill"]["at_window"] == {
         "ids": [], "unpadded": [], "fill_ids": [], "seqlen": 0, "prompt_len": WINDOW, "max_new_tokens": 1,
         "sender": "FakeKVSender", "finished": None, "zero_compute": True}
-    assert report["queued"] == ["long", "long", "at_window", "output_logprobs"]
+    assert report["queued"] == ["long", "long", "at_window"]
 
 
 def test_unservable_prompts_are_refused_through_sglangs_abort(report):
     too_long, logprobs = report["prefill"]["too_long"], report["prefill"]["prompt_logprobs"]
+    output_logprobs = report["prefill"]["output_logprobs"]
     assert too_long["finished"] == {"type": "FINISH_ABORT", "status": 400, "message":
                                     "sglang-asym: prompt of 8193 tokens exceeds max_position_embeddings 8192"}
     assert too_long["sender"] is None
-    assert logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400, "message": prompt_logprobs_refusal(
-        WINDOW + 5, AsymSettings("asym-prefill", window=WINDOW))}
+    settings = AsymSettings("asym-prefill", window=WINDOW)
+    assert logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400,
+                                    "message": logprobs_refusal(WINDOW + 5, 0, settings)}
     assert logprobs["sender"] is None and logprobs["prompt_len"] is None and logprobs["seqlen"] == WINDOW + 5
-    assert report["streamed"] == ["too_long", "prompt_logprobs"]
+    assert output_logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400,
+                                           "message": logprobs_refusal(WINDOW + 5, -1, settings)}
+    assert report["streamed"] == ["too_long", "prompt_logprobs", "output_logprobs"]
 
 
 def test_decode_role_requests_are_untouched(report):

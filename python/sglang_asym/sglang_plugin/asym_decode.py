@@ -123,9 +123,9 @@ def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: An
     req.output_ids.pop()  # P samples nothing that counts: D's window computes the first token
     if req.return_logprob:
         for name in ("output_token_logprobs_val", "output_token_logprobs_idx", "output_top_logprobs_val",
-                     "output_top_logprobs_idx"):
-            values = getattr(req.logprob, name)
-            if values:
+                     "output_top_logprobs_idx", "output_token_ids_logprobs_val", "output_token_ids_logprobs_idx"):
+            values = getattr(req.logprob, name, None)
+            if values:  # the commit appended P's entry for the placeholder
                 values.pop()
     n = len(req.origin_input_ids)
     boundary = boundary_of(n, settings)

@@ -21,7 +21,7 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
                             AROUND  asym-prefill: cuts each fresh request to its first B = N - W
                                     tokens (prefill_cut.py) before SGLang checks capacity, creates
                                     the KV sender and queues it; N <= W is cut to nothing and marked
-                                    zero-compute; prompt logprobs are refused with a 400
+                                    zero-compute; logprobs are refused with a 400
   PrefillBootstrapQueue.can_prefill_before_bootstrap, .pop_bootstrapped,
   SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
                             AROUND  asym-prefill: a zero-compute request concludes its room with one
@@ -51,7 +51,7 @@ from . import asym_decode, cpu_handover, cpu_import_gaps, prefill_zero
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
-from .prefill_cut import cut_request, prefill_cut_for, prompt_len_of, prompt_logprobs_refusal
+from .prefill_cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
 from .prefill_model import install_prefill_loading, truncated_construction
 from .prefill_role import PrefillRole
 from .settings import attach, settings_of
@@ -178,8 +178,8 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
         cfg = _model_config(queue.scheduler.model_config.model_path)  # the model this scheduler serves
         n = len(req.origin_input_ids)
         cut = prefill_cut_for(cfg, settings, n)
-        if req.return_logprob and 0 <= req.logprob_start_len < n:
-            refusal = (HTTPStatus.BAD_REQUEST, prompt_logprobs_refusal(n, settings))
+        if req.return_logprob:
+            refusal = (HTTPStatus.BAD_REQUEST, logprobs_refusal(n, req.logprob_start_len, settings))
         else:
             cut_request(req, cut)
             if not cut.runs_forward:

@@ -56,12 +56,16 @@ def prefill_cut_for(cfg: V41Config, settings: AsymSettings, prompt_len: int) -> 
     return PrefillCut(prompt_len, split.boundary)
 
 
-def prompt_logprobs_refusal(prompt_len: int, settings: AsymSettings) -> str:
-    """Why an asymmetric request cannot return prompt logprobs: no worker computes every prompt row's
-    logits (P has no head and stops after the KV path; D computes only the last W rows)."""
-    return (f"sglang-asym: prompt logprobs are not available in the asymmetric modes: the prefill role "
-            f"computes the first N - W prompt tokens without logits and the decode role only the last "
-            f"W={settings.window} of the {prompt_len}; ask for output logprobs only (logprob_start_len -1)")
+def logprobs_refusal(prompt_len: int, logprob_start_len: int, settings: AsymSettings) -> str:
+    """Why an asymmetric request cannot return logprobs on SGLang's engine: prompt logprobs are computed by
+    no worker (P has no head and stops after the KV path; D computes only the last W prompt rows), and
+    the first output token is sampled by D's window step, which does not record its logprob yet."""
+    if 0 <= logprob_start_len < prompt_len:
+        return (f"sglang-asym: prompt logprobs are not available in the asymmetric modes: the prefill role "
+                f"computes the first N - W prompt tokens without logits and the decode role only the last "
+                f"W={settings.window} of the {prompt_len}")
+    return ("sglang-asym: output logprobs are not available yet in the asymmetric modes inside SGLang's engine "
+            "(the decode role's window step samples the first token without recording its logprob)")
 
 
 def prompt_len_of(req: Any) -> int | None:
