@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 WINDOW_ATTR = "_sglang_asym_window"
 STEP_ATTR = "_sglang_asym_window_steps"
-COUNTERS_ATTR = "_sglang_asym_window_counters"
 
 
 @dataclass(frozen=True)
@@ -59,16 +58,6 @@ class WindowProgress:
     @property
     def rows_left(self) -> int:
         return self.prompt_len - self.next_row
-
-
-@dataclass
-class WindowCounters:
-    """What D's window steps did, for logs and tests (published on the scheduler)."""
-
-    window_forwards: int = 0
-    window_rows: int = 0
-    first_tokens: int = 0
-    max_step_rows: int = 0  # the most rows one scheduler iteration ran (window + decode)
 
 
 def _settings() -> AsymSettings | None:
@@ -143,14 +132,6 @@ def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
                            mode=StepMode.SEPARATE, window_chunk=settings.chunk_rows)
 
 
-def counters_of(scheduler: Any) -> WindowCounters:
-    counters = getattr(scheduler, COUNTERS_ATTR, None)
-    if counters is None:
-        counters = WindowCounters()
-        setattr(scheduler, COUNTERS_ATTR, counters)
-    return counters
-
-
 def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> int:
     """Runs at most one window forward for the pending windows in the waiting queue; returns its rows."""
     step = getattr(scheduler, STEP_ATTR, 0)
@@ -175,17 +156,12 @@ def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> i
     if not chunks:
         return 0
     tokens = run_window_chunks(scheduler, chunks)
-    counters = counters_of(scheduler)
-    counters.window_forwards += 1
     rows = sum(c.end - c.start for c in chunks)
-    counters.window_rows += rows
-    counters.max_step_rows = max(counters.max_step_rows, rows + len(running))
     for chunk, token in zip(chunks, tokens):
         req = chunk.req
         if chunk.end == len(req.origin_input_ids):
             setattr(req, WINDOW_ATTR, None)
             req.output_ids.append(token)  # the first token, where SGLang's commit puts P's
-            counters.first_tokens += 1
         else:
             setattr(req, WINDOW_ATTR, replace(window_of(req), next_row=chunk.end, last_chunk_step=step))
     log.debug("window step %d: %d rows over %d requests beside %d decoding", step, rows, len(chunks), len(running))

@@ -18,7 +18,6 @@ for zero pages once D has bootstrapped. Three hooks (hooks.py) then keep it out 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -27,23 +26,7 @@ from .prefill_cut import prompt_len_of
 log = logging.getLogger(__name__)
 
 ZERO_ATTR = "_sglang_asym_zero_compute"
-COUNTERS_ATTR = "_sglang_asym_prefill_counters"
 PLACEHOLDER_TOKEN = 0
-
-
-@dataclass
-class PrefillCounters:
-    """What the prefill role did, for logs and tests (kept on the scheduler)."""
-
-    zero_compute_requests: int = 0
-
-
-def counters_of(scheduler: Any) -> PrefillCounters:
-    counters = getattr(scheduler, COUNTERS_ATTR, None)
-    if counters is None:
-        counters = PrefillCounters()
-        setattr(scheduler, COUNTERS_ATTR, counters)
-    return counters
 
 
 def mark_zero_compute(req: Any) -> None:
@@ -68,7 +51,6 @@ def conclude_without_forward(scheduler: Any, req: Any) -> None:
     scheduler.disagg_metadata_buffers.set_buf(req)
     req.disagg_kv_sender.send(np.empty(0, dtype=np.int32), state_indices=None)
     scheduler.disagg_prefill_inflight_queue.append(req)
-    counters_of(scheduler).zero_compute_requests += 1
     log.info("request %s (prompt of %s tokens <= W): no forward on the prefill role, empty transfer sent",
              req.rid, prompt_len_of(req))
 
