@@ -39,6 +39,7 @@ LENGTHS = {EXACT: (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097), ASYM: 
 SMG_LENGTHS = (1, 129, 1000)
 ENCODER_LAYERS = list(range(20))
 PREFILL_CHUNK = 4096
+RUNNER_TOKENS = 96  # decodes while the late request's prefix (256 rows on P) and window (4 chunks on D) run
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +166,7 @@ def test_d_holds_what_p_transferred_byte_for_byte(pairs):
 
 
 def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
-    """A request decoding 160 tokens, then a 384-token prompt whose 128-row window runs in 4 chunks: D runs
+    """A request decoding RUNNER_TOKENS tokens, then a 384-token prompt whose 128-row window runs in 4 chunks: D runs
     one window chunk and one decode step per scheduler iteration, so between two chunks of the window the
     running request decodes, and no forward holds more than the budget (256 rows)."""
     if pairs["semantics"] != EXACT:
@@ -173,12 +174,12 @@ def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
     _forget_logs(pairs)
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            runner = pool.submit(greedy, router.url, prompt_of(5), 160, True)  # ignore_eos: it must keep decoding
+            runner = pool.submit(greedy, router.url, prompt_of(5), RUNNER_TOKENS, True)  # ignore_eos: it must keep decoding
             deadline = time.monotonic() + 300
             while not any(f["mode"] == "decode" for f in _forwards(pairs, "decode")) and time.monotonic() < deadline:
                 time.sleep(0.2)  # the first request is decoding
             late = pool.submit(greedy, router.url, prompt_of(384))
-            assert len(late.result()) == NEW_TOKENS and len(runner.result()) == 160
+            assert len(late.result()) == NEW_TOKENS and len(runner.result()) == RUNNER_TOKENS
     forwards = _forwards(pairs, "decode")
     window_steps = [i for i, f in enumerate(forwards)
                     if f["mode"] == "extend" and any(s >= 256 and e <= 384 for _, s, e in f["rows"])]
