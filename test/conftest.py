@@ -1,8 +1,47 @@
 """Shared test setup: one torch thread per test process (CI has 2 cores; oversubscription makes
-small-tensor CPU work tens of times slower), and shared model fixtures."""
+small-tensor CPU work tens of times slower), and the memory a test module cached is given back when the
+module ends: its `lru_cache`d models and weights (the small config's are gigabytes) would otherwise stay
+in the pytest process for the whole session, beside the servers the system tests start later."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+TEST_ROOT = Path(__file__).resolve().parent
+
+
+def _test_modules():
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and Path(path).resolve().is_relative_to(TEST_ROOT):
+            yield module
+
+
+def clear_test_caches() -> int:
+    """Clears every lru_cache defined at the top level of a test module; returns how many."""
+    cleared = 0
+    for module in _test_modules():
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", None) == module.__name__:
+                value.cache_clear()
+                cleared += 1
+    return cleared
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _give_back_module_memory():
+    yield
+    clear_test_caches()
+    gc.collect()
+    try:  # glibc keeps freed heap pages; hand them back to the OS
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
