@@ -197,14 +197,14 @@ def test_twelve_concurrent_mixed_requests_all_complete(pairs):
     for i, n in enumerate((3, 64, 129, 200, 257, 300, 20, 140, 400, 90, 513, 130)):
         kind, stream = ("generate", "completions", "chat")[i % 3], bool(i % 2)
         if kind == "generate":
-            calls.append(("/generate", {"input_ids": prompt_of(n), "stream": stream,
-                                        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}))
+            calls.append(("/generate", {"input_ids": prompt_of(n), "stream": stream, "sampling_params": {
+                "max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}))
         elif kind == "completions":
             calls.append(("/v1/completions", {"model": MODEL, "prompt": prompt_of(n), "max_tokens": NEW_TOKENS,
-                                              "temperature": 0, "stream": stream}))
+                                              "temperature": 0, "stream": stream, "ignore_eos": True}))
         else:
             calls.append(("/v1/chat/completions", {"model": MODEL, "max_tokens": NEW_TOKENS, "temperature": 0,
-                                                   "stream": stream, "messages": [
+                                                   "stream": stream, "ignore_eos": True, "messages": [
                                                        {"role": "user", "content": "tell me " * (n // 2)}]}))
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
