@@ -47,7 +47,12 @@ def sglang_checkpoint(tmp_path_factory) -> Path:
     return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_asym_ckpt"))
 
 
-@pytest.fixture(scope="module", params=[EXACT, ASYM])
+BOTH = pytest.mark.parametrize("pairs", [EXACT, ASYM], indirect=True)
+# semantics-independent checks (scheduling, concurrency, the second router) run with one semantics
+EXACT_ONLY = pytest.mark.parametrize("pairs", [EXACT], indirect=True)
+
+
+@pytest.fixture(scope="module")
 def pairs(request, sglang_checkpoint, tmp_path_factory):
     """SGLang's asym pair (pool dumps and forward logs on) and the embedded runtime's, for one semantics."""
     semantics = request.param
@@ -83,6 +88,7 @@ def _forget_logs(pairs) -> None:
         old.unlink()
 
 
+@BOTH
 def test_greedy_outputs_equal_the_embedded_pair_behind_sglang_router(pairs):
     _forget_logs(pairs)
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as ours, \
@@ -128,9 +134,8 @@ def _check_what_each_role_computed(pairs, lengths) -> None:
     assert len(p_rows) == len([n for n in prompts.values() if n > WINDOW])
 
 
+@EXACT_ONLY
 def test_greedy_outputs_equal_the_embedded_pair_behind_smg(pairs):
-    if pairs["semantics"] != EXACT:
-        pytest.skip("smg is checked with one semantics; the other runs behind sglang-router (no GPU needed)")
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SMG) as ours, \
             patient_router(pairs["ref_prefill"], pairs["ref_decode"], RouterFlavor.SMG) as reference:
         for n in SMG_LENGTHS:
@@ -138,6 +143,7 @@ def test_greedy_outputs_equal_the_embedded_pair_behind_smg(pairs):
             assert greedy(ours.url, prompt) == greedy(reference.url, prompt), f"N={n}"
 
 
+@BOTH
 def test_d_holds_what_p_transferred_byte_for_byte(pairs):
     """The transferred extent (compressed rows and index keys of [0, B), pending compressor tokens, and
     with asym-exact-encoder the encoder layers' last window rows) read out of P's pool after its forward
@@ -165,12 +171,11 @@ def test_d_holds_what_p_transferred_byte_for_byte(pairs):
     assert sorted(boundaries) == [1, 472, 873]
 
 
+@EXACT_ONLY
 def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
     """A request decoding RUNNER_TOKENS tokens, then a 384-token prompt whose 128-row window runs in 4 chunks: D runs
     one window chunk and one decode step per scheduler iteration, so between two chunks of the window the
     running request decodes, and no forward holds more than the budget (256 rows)."""
-    if pairs["semantics"] != EXACT:
-        pytest.skip("scheduling does not depend on the semantics; checked once (no GPU needed)")
     _forget_logs(pairs)
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -190,9 +195,8 @@ def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
     assert max(sum(e - s for _, s, e in f["rows"]) for f in forwards) <= 256
 
 
+@EXACT_ONLY
 def test_twelve_concurrent_mixed_requests_all_complete(pairs):
-    if pairs["semantics"] != EXACT:
-        pytest.skip("concurrency does not depend on the semantics; checked once (no GPU needed)")
     calls = []
     for i, n in enumerate((3, 64, 129, 200, 257, 300, 20, 140, 400, 90, 513, 130)):
         kind, stream = ("generate", "completions", "chat")[i % 3], bool(i % 2)
@@ -217,6 +221,7 @@ def test_twelve_concurrent_mixed_requests_all_complete(pairs):
             assert isinstance(result, str)
 
 
+@BOTH
 def test_aborted_requests_leave_the_pools_where_they_started(pairs):
     """Clients that give up mid-request (a 1 s read timeout while P computes the prefix, or D the window or
     the decode steps of a prompt within the window)
