@@ -1,6 +1,7 @@
-"""`python -m sglang.launch_server --device cpu --disaggregation-mode asym-prefill | asym-decode` (SGLang
-0.5.23 with the sglang-asym plugin) serves behind the real router and answers exactly as the
-colocated server does."""
+"""`SGLANG_ASYM_CPU_RUNTIME=embedded python -m sglang.launch_server --device cpu --disaggregation-mode
+asym-prefill | asym-decode` (SGLang 0.5.23's launcher with the sglang-asym plugin, handing the command line
+to the embedded runtime) serves behind the real router and answers exactly as the colocated server does.
+Without that variable SGLang's own engine serves the pair: test_cpu_sglang_engine_asym.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from sglang_asym.runtime.server_process import post, start_server, wait_healthy
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_sglang_launch_server_asym_modes_behind_router(small_checkpoint, cluster, tmp_path):
-    env = {"SGLANG_PLUGINS": "sglang_asym"}
+def test_sglang_launch_server_hands_the_asym_modes_to_the_embedded_runtime_on_request(small_checkpoint, cluster,
+                                                                                      tmp_path):
+    env = {"SGLANG_PLUGINS": "sglang_asym", "SGLANG_ASYM_CPU_RUNTIME": "embedded"}
     p = start_server("asym-prefill", small_checkpoint, tmp_path, "--device", "cpu", module="sglang.launch_server",
                      env=env)
     d = start_server("asym-decode", small_checkpoint, tmp_path, "--device", "cpu", module="sglang.launch_server",
