@@ -2,18 +2,24 @@
 
 Times `V41Model.forward_batch` (what the decode loop runs eagerly on CPU) for a grid of shapes
 (d decode rows at context ctx, s window segments of w rows in all), and one-shot prefill forwards of the prefill-role model
-and the full model for a few prompt lengths. Then fits, by least squares:
-
-Times are the measuring thread's CPU seconds (the cores are shared with other work).
+and the full model for a few prompt lengths. Times are the measuring thread's CPU seconds (the cores are shared
+with other work). Then fits, by least squares in relative terms:
 
   step_s = a + c_expert * E(d + w) + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
-  (E(T): expected distinct routed experts T rows select)
+  (E(T): expected distinct routed experts T rows select), on the step log of the real decode loop that
+  benchmark/decode_itl.py recorded (--decode-log: every step it ran, 450 of them, every shape its two policies
+  produce; the first step of each run, the first forward on fresh caches, left out), with the grid above as a
+  cross-check ("grid_check": the grid's samples under that fit after one speed factor for the grid's occasion);
   prefill_s(n)   = p0 + p1 * n + p2 * n^2   (one fit per role: asym P, full model; chunks of 1024 as the servers)
 
 and writes benchmark/results/plan_cpu_steptime.json (the samples, the fits, their residuals, the command).
-`sglang_asym.plan.cpu_model.CpuStepModel.from_json` reads it.
+`sglang_asym.plan.cpu_model.CpuStepModel.from_json` reads it. Why the decode loop's log and not the grid: the
+grid was timed on another occasion, when the shared cores ran window rows relatively dearer (its 4 x 128-row
+window step predicts admit-all's 8 x 128-row burst step at 3.7 s; the loop ran it in 2.7 s), and the log is the
+loop the servers run, at the shapes they run.
 
-    nice -n 10 .venv/bin/python benchmark/plan_cpu_steptime.py [--reps 3] [--threads 1]
+    nice -n 10 .venv/bin/python benchmark/plan_cpu_steptime.py [--reps 3] [--threads 1]   # measure and fit
+    .venv/bin/python benchmark/plan_cpu_steptime.py --refit                              # refit the kept samples
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.model.model import SegmentInput
 from sglang_asym.model.steps import prefill
-from sglang_asym.plan.cpu_model import fit_prefill, fit_step
+from sglang_asym.plan.cpu_model import decode_loop_samples, fit_prefill, fit_step, speed_check
 from sglang_asym.verify import Models, random_prompt
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -117,9 +123,11 @@ def measure_prefill(models: Models, seed: int, log) -> list[dict]:
     return out
 
 
-def fits(steps: list[dict], prefills: list[dict]) -> dict:
+def fits(grid: list[dict], prefills: list[dict], decode_log: Path) -> dict:
     cfg = V41Config.small()
-    return {"step_fit": fit_step(steps, cfg.n_routed_experts, cfg.num_experts_per_tok),
+    loop = decode_loop_samples(json.loads(decode_log.read_text()))
+    step_fit = {**fit_step(loop, cfg.n_routed_experts, cfg.num_experts_per_tok), "source": str(decode_log.name)}
+    return {"step_fit": step_fit, "grid_check": speed_check(step_fit, grid),
             "prefill_fit": {role: fit_prefill([p for p in prefills if p["role"] == role]) for role in ("prefill", "full")}}
 
 
@@ -130,13 +138,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "plan_cpu_steptime.json")
     parser.add_argument("--refit", action="store_true", help="refit the samples already in --out (no measuring)")
+    parser.add_argument("--decode-log", type=Path, default=RESULTS / "decode_itl.json",
+                        help="decode_itl.py's result, whose step log the step terms are fitted on")
     args = parser.parse_args()
     if args.refit:
         result = json.loads(args.out.read_text())
-        result.update(fits(result["step_samples"], result["prefill_samples"]))
+        result.update(fits(result["step_samples"], result["prefill_samples"], args.decode_log))
         result["refit_command"] = "python " + " ".join(sys.argv)
         args.out.write_text(json.dumps(result, indent=1))
-        print(json.dumps({k: result[k] for k in ("step_fit", "prefill_fit")}, indent=1))
+        print(json.dumps({k: result[k] for k in ("step_fit", "grid_check", "prefill_fit")}, indent=1))
         return 0
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -148,12 +158,12 @@ def main() -> int:
     result = {
         "command": "python " + " ".join(sys.argv),
         "config": "small", "device": "cpu", "threads": args.threads, "reps": args.reps,
-        "step_samples": steps, "prefill_samples": prefills, **fits(steps, prefills),
+        "step_samples": steps, "prefill_samples": prefills, **fits(steps, prefills, args.decode_log),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("step_fit", "prefill_fit", "wall_s")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("step_fit", "grid_check", "prefill_fit", "wall_s")}, indent=1))
     return 0
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_asym.plan.cpu_model import CpuStepModel, experts_touched, fit_prefill, fit_step
+from sglang_asym.plan.cpu_model import (CpuStepModel, decode_loop_samples, experts_touched, fit_prefill, fit_step,
+                                        speed_check)
 from sglang_asym.plan.errors import PlanInputError
 from sglang_asym.plan.gpu_model import Efficiency, GpuStepModel
 from sglang_asym.plan.gpus import gpu
@@ -31,6 +32,45 @@ def test_step_fit_recovers_coefficients() -> None:
     for k, v in TRUE.items():
         assert fit[k] == pytest.approx(v, abs=1e-9)
     assert fit["max_rel_residual"] < 1e-9 and fit["samples"] == 8 and (fit["experts"], fit["top_k"]) == (128, 2)
+
+
+def test_decode_loop_samples_from_a_step_log() -> None:
+    """The first step of each run is dropped; contexts grow by the decode rows before the step; admit-all's windows
+    are one segment per 128 rows, the budget policy's chunk one segment."""
+    log = {"prompt_len": 256, "window_rows_per_request": 128, "policies": [
+        {"policy": "budget", "window_chunk": 8, "steps": [
+            {"decode_rows": 0, "window_rows": 8, "seconds": 9.0},  # first forward on fresh caches: left out
+            {"decode_rows": 2, "window_rows": 8, "seconds": 0.2},
+            {"decode_rows": 4, "window_rows": 0, "seconds": 0.3}]},
+        {"policy": "admit_all", "window_chunk": None, "steps": [
+            {"decode_rows": 0, "window_rows": 2048, "seconds": 5.8},
+            {"decode_rows": 16, "window_rows": 1024, "seconds": 2.7}]}]}
+    got = [(s["decode_rows"], s["ctx"], s["window_segments"], s["window_rows"], s["seconds"])
+           for s in decode_loop_samples(log)]
+    assert got == [(2, 256.0, 1, 8, 0.2), (4, 256 + 2 / 4, 0, 0, 0.3), (16, 256.0, 8, 1024, 2.7)]
+
+
+def test_speed_check_finds_one_occasion_factor() -> None:
+    fit = {**TRUE, "experts": 128, "top_k": 2}
+    shapes = [(1, 256, 0, 0), (16, 256, 1, 8), (0, 0, 4, 512)]
+    samples = [{"decode_rows": d, "ctx": c, "window_segments": s, "window_rows": w, "seconds": 1.25 * _step(d, c, s, w)}
+               for d, c, s, w in shapes]
+    out = speed_check(fit, samples)
+    assert out["seconds_over_fit"] == pytest.approx(1.25) and out["max_rel_residual"] == pytest.approx(0, abs=1e-12)
+    samples[0]["seconds"] *= 2  # one sample off: the factor moves, the residual shows it
+    out = speed_check(fit, samples)
+    assert out["samples"] == 3 and 1.25 < out["seconds_over_fit"] < 2.5 and out["max_rel_residual"] > 0.2
+
+
+def test_committed_cpu_fit_is_the_decode_loops() -> None:
+    """The committed fit is the one `plan_cpu_steptime.py --refit` makes from the committed decode-loop log."""
+    results = Path(__file__).resolve().parents[2] / "benchmark" / "results"
+    committed = json.loads((results / "plan_cpu_steptime.json").read_text())
+    loop = decode_loop_samples(json.loads((results / "decode_itl.json").read_text()))
+    refit = fit_step(loop, 128, 2)
+    assert committed["step_fit"]["samples"] == len(loop) == 450
+    for k in ("a", "c_expert", "c_decode", "c_window", "r_window", "b_ctx"):
+        assert committed["step_fit"][k] == pytest.approx(refit[k], rel=1e-9, abs=1e-15)
 
 
 def test_prefill_fit_and_model(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""The CPU step-time model: least-squares fits of the reference model's forward times measured on this machine.
+"""The CPU step-time model: least-squares fits of the reference model's step and prefill times measured on this machine.
 
     step_s(d, ctx, s, w) = a + c_expert * E(d + w) + c_decode * d + c_window * s + r_window * w + b_ctx * d * ctx / 1000
     prefill_s(n)       = p0 + p1 * n + p2 * n^2, one fit per role (asym P = layers 0-20's path; full model)
@@ -7,8 +7,14 @@ d decode rows (one token each) at mean context ctx, s window segments (new reque
 in all. On a CPU every row costs compute (no bandwidth-bound regime), so a step is linear in its rows; each
 request in a step also pays its own attention, compressor and indexer calls (c_decode, c_window), and every
 routed expert the step's rows select is one more expert call: E(T) = experts * (1 - (1 - k / experts)^T) is the
-expected number of distinct experts T rows touch (the same occupancy the GPU model uses for expert reads). The fits come from
-benchmark/plan_cpu_steptime.py (benchmark/results/plan_cpu_steptime.json), with every coefficient >= 0.
+expected number of distinct experts T rows touch (the same occupancy the GPU model uses for expert reads).
+
+The step terms are fitted on the step log of the project's real decode loop (`decode_loop_samples`: every
+step benchmark/decode_itl.py's loop ran, its rows and seconds); a grid of `forward_batch` shapes timed
+separately on another occasion is kept as a cross-check (`grid_check`: its samples under the fit, after one
+speed factor for that occasion, since the shared cores run at a different speed from one hour to the next).
+The prefill terms are fitted on one-shot prefills of each role. benchmark/plan_cpu_steptime.py writes both
+(benchmark/results/plan_cpu_steptime.json), with every coefficient >= 0.
 """
 
 from __future__ import annotations
@@ -71,6 +77,47 @@ def fit_step(samples: Sequence[dict], experts: int, top_k: int) -> dict:
     rows = [[1.0, experts_touched(s["decode_rows"] + s["window_rows"], experts, top_k), s["decode_rows"],
              s["window_segments"], s["window_rows"], s["decode_rows"] * s["ctx"] / 1000] for s in samples]
     return {**_lstsq(rows, [s["seconds"] for s in samples], STEP_TERMS), "experts": experts, "top_k": top_k}
+
+
+def decode_loop_samples(decode_itl: dict) -> list[dict]:
+    """Step samples from benchmark/decode_itl.json's step log (each policy's run of the real decode loop).
+
+    Each run's first step is left out: it is the first forward on fresh caches (admit-all's runs 16 whole
+    windows at once and allocates every page they need; 5.8 s where its shape otherwise costs about half).
+    A step's decode rows are the running requests' next tokens; their mean context is the prompt plus the
+    tokens the running requests decoded before this step (every decode row of the run so far) over the
+    step's decode rows. Admit-all's window rows are whole 128-row windows (one segment each); the budget
+    policy runs one request's chunk per step (one segment)."""
+    out = []
+    prompt, window = decode_itl["prompt_len"], decode_itl["window_rows_per_request"]
+    for run in decode_itl["policies"]:
+        decoded = 0
+        for i, step in enumerate(run["steps"]):
+            d, w = step["decode_rows"], step["window_rows"]
+            if i > 0:
+                segments = 0 if w == 0 else (-(-w // window) if run["window_chunk"] is None else 1)
+                out.append({"decode_rows": d, "ctx": prompt + (decoded / d if d else 0), "window_segments": segments,
+                            "window_rows": w, "seconds": step["seconds"], "policy": run["policy"]})
+            decoded += d
+    return out
+
+
+def speed_check(fit: dict, samples: Sequence[dict]) -> dict:
+    """How another occasion's step samples sit under `fit`: the one speed factor (their seconds over the fit's,
+    least squares in relative terms) and the relative residuals left after it."""
+    pred = np.array([_step_seconds(fit, s["decode_rows"], s["ctx"], s["window_segments"], s["window_rows"])
+                     for s in samples])
+    y = np.array([s["seconds"] for s in samples], dtype=float)
+    r = pred / y
+    k = float(np.sum(r) / np.sum(r * r))  # argmin_k sum(((k pred - y) / y)^2)
+    rel = np.abs(k * pred - y) / y
+    return {"seconds_over_fit": k, "max_rel_residual": float(rel.max()), "mean_rel_residual": float(rel.mean()),
+            "samples": len(samples)}
+
+
+def _step_seconds(fit: dict, d: int, ctx: float, s: int, w: int) -> float:
+    return (fit["a"] + fit["c_expert"] * experts_touched(d + w, fit["experts"], fit["top_k"]) + fit["c_decode"] * d
+            + fit["c_window"] * s + fit["r_window"] * w + fit["b_ctx"] * d * ctx / 1000)
 
 
 def fit_prefill(samples: Sequence[dict]) -> dict:
