@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, plan_step
+from .deterministic import deterministic_inference
 from .settings import AsymSettings, settings_of
 from .window_batch import WindowChunk, run_window_chunks
 
@@ -129,7 +130,8 @@ def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
     budget = max(settings.token_budget, max_running, settings.window)
     return SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, settings.window),
                            max_running=max_running, num_draft_tokens=0, window=settings.window,
-                           mode=StepMode.SEPARATE, window_chunk=settings.chunk_rows)
+                           mode=StepMode.SEPARATE, window_chunk=settings.chunk_rows,
+                           deterministic=deterministic_inference())  # whole chunks on the grid from B
 
 
 def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> int:

@@ -208,7 +208,9 @@ def apply_cpu_patches(process: str = SCHEDULER, apply_now: bool = True) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cpu_kv_layout_name()  # a bad SGLANG_DSV4_KV_LAYOUT fails here, before any process starts serving
-    mine = [p for p in CPU_PATCHES if p.process == process]
+    from .deterministic import deterministic_patches  # --enable-deterministic-inference (deterministic.py)
+
+    mine = [p for p in CPU_PATCHES if p.process == process] + deterministic_patches(process)
     hooked = [p for p in mine if p.kind != "ATTRIBUTE"]
     for patch in hooked:
         if not is_registered(patch.target, patch.hook):

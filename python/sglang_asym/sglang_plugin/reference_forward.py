@@ -15,6 +15,8 @@ parameters (sglang_weights.py) and replaces the instance's `forward`. Each call 
    token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
    request's own slots. The pool's bytes are the only request state; nothing survives a call.
 Returns SGLang's LogitsProcessorOutput with each request's last-row logits.
+With SGLang's --enable-deterministic-inference (deterministic.py) step 3 runs every request's piece as
+a forward of its own, so a request's logits do not depend on what else is in the batch.
 """
 
 from __future__ import annotations
@@ -125,11 +127,13 @@ def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: 
 class ReferenceForward:
     """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
 
-    def __init__(self, model: V41Model, pool: Any, req_to_token: torch.Tensor, semantics: Semantics) -> None:
+    def __init__(self, model: V41Model, rows: PoolRows, semantics: Semantics, deterministic: bool = False) -> None:
+        """`rows`: the pool's row access (PoolRows, or anything with its read/write methods)."""
         self.model, self.cfg = model, model.cfg
         self.window = self.cfg.sliding_window
         self.semantics = semantics
-        self.rows = PoolRows(pool, req_to_token, self.cfg)
+        self.deterministic = deterministic
+        self.rows = rows
         # the prefill role keeps window rows of the encoder layers only (layer 20 runs its KV path)
         plan = model.new_cache_set(CacheSizing(max_requests=1, max_tokens=1)).plan
         self.swa_layers = tuple(plan.encoder_layers if model.role == "prefill" else range(self.cfg.num_hidden_layers))
@@ -143,19 +147,32 @@ class ReferenceForward:
         if not rows:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
         started = time.perf_counter()
-        logits: dict[int, torch.Tensor] = {}
-        layers: set[int] = set()
-        for phase in phases(rows, self.cfg, self.window, self.semantics):
-            for (i, _, _), out in zip(phase, self._run(phase)):
-                logits[i] = out  # a request's last piece has the logits that count
-            layers.update(self.model.layers_run)
+        logits, layers = self.run_rows(rows)
         self.forwards += 1
         mode = "decode" if forward_batch.forward_mode.is_decode() else "extend"
         log_forward(_FACTS.role, mode, sorted(layers), [(_FACTS.room.get(r.req), r.start, r.end) for r in rows],
                     time.perf_counter() - started)
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
-        return LogitsProcessorOutput(next_token_logits=torch.stack([logits[i] for i in range(len(rows))]).float())
+        return LogitsProcessorOutput(next_token_logits=torch.stack(logits).float())
+
+    def run_rows(self, rows: Sequence[RequestRows]) -> tuple[list[torch.Tensor | None], set[int]]:
+        """Runs the requests' rows over the pool: each request's last-row logits (None in the prefill role)
+        and the layers that ran."""
+        logits: dict[int, torch.Tensor | None] = {}
+        layers: set[int] = set()
+        for phase in phases(rows, self.cfg, self.window, self.semantics):
+            for group in self.forward_groups(phase):
+                for (i, _, _), out in zip(group, self._run(group)):
+                    logits[i] = out  # a request's last piece has the logits that count
+                layers.update(self.model.layers_run)
+        return [logits[i] for i in range(len(rows))], layers
+
+    def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]]
+                       ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
+        """The forwards of one phase: all its pieces together, or (deterministic) each piece alone, with a
+        cache set sized for it alone (nothing of the batch reaches its arithmetic)."""
+        return [[item] for item in phase] if self.deterministic else [phase]
 
     @staticmethod
     def request_rows(input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any) -> list[RequestRows]:
@@ -248,16 +265,17 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
     reference = reference_model_from_sglang(sglang_model, cfg, model_path, role=role)
     settings = settings_of(server_args)
     semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
-    sglang_model.forward = _LazyPoolBinding(reference, semantics)
-    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s) runs the reference forward over SGLang's pool on CPU",
-             role, semantics.value)
+    deterministic = bool(server_args.enable_deterministic_inference)
+    sglang_model.forward = _LazyPoolBinding(reference, semantics, deterministic)
+    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s) runs the reference forward over SGLang's pool on CPU",
+             role, semantics.value, ", deterministic" if deterministic else "")
 
 
 class _LazyPoolBinding:
     """The model runner builds its KV pool after loading the model: bind it on the first call."""
 
-    def __init__(self, reference: V41Model, semantics: Semantics) -> None:
-        self.reference, self.semantics = reference, semantics
+    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool = False) -> None:
+        self.reference, self.semantics, self.deterministic = reference, semantics, deterministic
         self.bound: ReferenceForward | None = None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
@@ -265,6 +283,7 @@ class _LazyPoolBinding:
         if self.bound is None:
             if _FACTS.kv_pool is None:
                 raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
-            self.bound = ReferenceForward(self.reference, _FACTS.kv_pool, _FACTS.req_to_token, self.semantics)
+            rows = PoolRows(_FACTS.kv_pool, _FACTS.req_to_token, self.reference.cfg)
+            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic)
         with torch.no_grad():
             return self.bound(input_ids, positions, forward_batch, *args, **kwargs)

@@ -1,0 +1,143 @@
+"""`--enable-deterministic-inference` in SGLang's engine on CPU, without servers: the reference forward over a
+pool (`ReferenceForward.run_rows`, here over an in-memory row store that round-trips the same release formats
+as SGLang's pool) gives a request the same logits alone and inside mixed extend / decode batches, bit for bit,
+only in deterministic mode; and the flag's SGLang-side changes (deterministic.py) do what they say."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from model.helpers import build, prompt
+from sglang_asym.formats import pack_rows, unpack_rows
+from sglang_asym.sglang_plugin import deterministic
+from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+
+_FORMAT = {"kv": "nvfp4", "index": "mxfp4"}
+
+
+class MemoryRows:
+    """PoolRows' reads and writes over dicts: rows stored packed in the pool's formats (fp8 window rows,
+    nvfp4 compressed rows, mxfp4 index keys, fp32 pending tokens), so values round-trip as through SGLang's pool."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.ratio = {o: cfg.compress_ratios[o] for o in cfg.kv_source_layer_ids}
+        self.rows: dict[tuple, torch.Tensor] = {}
+
+    def _read(self, key: tuple, start: int, end: int, fmt: str, channels: int, dtype: torch.dtype) -> torch.Tensor:
+        if end <= start:
+            return torch.empty(0, channels, dtype=dtype)
+        return unpack_rows(torch.stack([self.rows[(*key, t)] for t in range(start, end)]), fmt, channels).to(dtype)
+
+    def _write(self, key: tuple, start: int, values: torch.Tensor, fmt: str) -> None:
+        for i, row in enumerate(pack_rows(values.float(), fmt) if values.shape[0] else ()):
+            self.rows[(*key, start + i)] = row.clone()
+
+    def read_window(self, layer, req, start, end, dtype):
+        return self._read(("swa", layer, req), start, end, "fp8", self.cfg.head_dim, dtype)
+
+    def write_window(self, layer, req, start, values):
+        self._write(("swa", layer, req), start, values, "fp8")
+
+    def _channels(self, kind: str) -> int:
+        return self.cfg.head_dim if kind == "kv" else self.cfg.index_head_dim
+
+    def read_compressed(self, kind, owner, req, end, dtype):
+        return self._read((kind, owner, req), 0, end, _FORMAT[kind], self._channels(kind), dtype)
+
+    def write_compressed(self, kind, owner, req, first_row, values):
+        self._write((kind, owner, req), first_row, values, _FORMAT[kind])
+
+    def read_tail(self, owner, req, token):
+        return self.rows[("tail", owner, req, token)].clone()
+
+    def write_tail(self, owner, req, token, value):
+        self.rows[("tail", owner, req, token)] = value.float().reshape(2, -1).clone()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build("tiny", seed=5, cache_quant="release")
+
+
+TARGET, TARGET_LEN, DECODE_STEPS = 0, 150, 3  # N = 150 > W = 128: prefix [0, 22), then the window in pieces
+OTHERS = {1: 40, 2: 129, 3: 7}  # req slot: prompt length (a second window among them)
+
+
+def _serve(model, deterministic_mode: bool, batched: bool) -> list[torch.Tensor]:
+    """The target's logits at its prompt's last row and at each decode step, alone or beside the others
+    (their prompts in the same extend batch, their decode rows in the same decode batches)."""
+    forward = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, deterministic_mode)
+    prompts = {TARGET: prompt(model.cfg, TARGET_LEN, 1)}
+    if batched:
+        prompts.update({slot: prompt(model.cfg, n, 10 + slot) for slot, n in OTHERS.items()})
+    extend = [RequestRows(slot, 0, tokens, tokens.numel()) for slot, tokens in prompts.items()]
+    logits, _ = forward.run_rows(extend)
+    seen = [logits[0]]
+    for step in range(DECODE_STEPS):
+        decode = [RequestRows(slot, tokens.numel() + step, torch.tensor([int(out.argmax())]), None)
+                  for (slot, tokens), out in zip(prompts.items(), logits)]
+        logits, _ = forward.run_rows(decode)
+        seen.append(logits[0])
+    return seen
+
+
+def test_batched_logits_equal_alone_only_in_deterministic_mode(model):
+    alone, batched = _serve(model, False, False), _serve(model, False, True)
+    assert not all(torch.equal(a, b) for a, b in zip(alone, batched))  # the batch changed the last bits
+    alone, batched = _serve(model, True, False), _serve(model, True, True)
+    assert all(torch.equal(a, b) for a, b in zip(alone, batched))
+    assert len(alone) == 1 + DECODE_STEPS
+
+
+def test_deterministic_forward_runs_each_piece_alone(model):
+    rows = [RequestRows(0, 0, prompt(model.cfg, 150, 1), 150), RequestRows(1, 0, prompt(model.cfg, 5, 2), 5)]
+    phase = [(0, rows[0], {}), (1, rows[1], {})]
+    on = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, True)
+    off = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, False)
+    assert on.forward_groups(phase) == [[phase[0]], [phase[1]]]
+    assert off.forward_groups(phase) == [phase]
+
+
+def _exec(enabled: bool):
+    return SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=enabled))
+
+
+def test_prefill_chunks_align_to_the_chunk_size_only_when_deterministic(monkeypatch):
+    for enabled, chunk, expected in ((True, 4096, 4096), (False, 4096, None), (True, None, None), (True, -1, None)):
+        monkeypatch.setattr(deterministic, "deterministic_inference", lambda enabled=enabled: enabled)
+        scheduler = SimpleNamespace(chunked_prefill_size=chunk, truncation_align_size=None)
+        deterministic.align_prefill_chunks(None, scheduler)
+        assert scheduler.truncation_align_size == expected, (enabled, chunk)
+
+
+def test_the_model_runner_check_refuses_a_forward_that_is_not_batch_invariant(monkeypatch):
+    monkeypatch.setattr(deterministic, "deterministic_inference", lambda: True)
+    batch_invariant = SimpleNamespace(model=SimpleNamespace(forward=SimpleNamespace(deterministic=True)))
+    deterministic.check_batch_invariant_forward(batch_invariant)
+    plain = SimpleNamespace(model=torch.nn.Linear(1, 1))
+    with pytest.raises(ValueError, match="needs the DeepSeek-V4.1 reference forward; Linear does not run it"):
+        deterministic.check_batch_invariant_forward(plain)
+    monkeypatch.setattr(deterministic, "deterministic_inference", lambda: False)
+    deterministic.check_batch_invariant_forward(plain)  # flag off: nothing to check
+
+
+def test_the_patch_table_targets_and_the_launcher_choice():
+    assert [(p.target, p.kind, p.process) for p in deterministic.DETERMINISTIC_PATCHES] == [
+        ("sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode", "REPLACE",
+         "scheduler"),
+        ("sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config", "AFTER", "scheduler")]
+    assert deterministic.deterministic_patches("scheduler") == list(deterministic.DETERMINISTIC_PATCHES)
+    from sglang.srt.arg_groups.choices import DETERMINISTIC_ATTENTION_BACKEND_CHOICES
+
+    before = list(DETERMINISTIC_ATTENTION_BACKEND_CHOICES)
+    try:
+        assert deterministic.deterministic_patches("launcher") == []
+        assert DETERMINISTIC_ATTENTION_BACKEND_CHOICES.count("dsv4") == 1
+        deterministic.allow_deterministic_backend()  # idempotent
+        assert DETERMINISTIC_ATTENTION_BACKEND_CHOICES.count("dsv4") == 1
+    finally:
+        DETERMINISTIC_ATTENTION_BACKEND_CHOICES[:] = before  # SGLang's list is process-wide
