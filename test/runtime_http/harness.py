@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import json
 import threading
@@ -62,6 +63,10 @@ class LoopThread:
 
     def call(self, coro, timeout_s: float = CALL_TIMEOUT_S):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def call_soon(self, coro) -> concurrent.futures.Future:
+        """Start a coroutine on the loop without waiting for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def serve(self, engine, tokenizer: TextTokenizer, config: HttpServerConfig) -> ServedFront:
         recorded: list[RecordedRequest] = []

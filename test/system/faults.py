@@ -1,19 +1,22 @@
-"""Helpers of the fault tests: a tiny P + D + router trio, a streaming client that reports how its stream
-ended, and waiting until a worker's pools are back at their start values."""
+"""Helpers of the fault tests: a tiny P + D + router trio (and a longer-lived stack whose workers restart on
+their ports), a streaming client that reports how its stream ended, waiting until a worker's pools are back
+at their start values, and recording measured times into benchmark/results/reliability.json."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
 import json
+import os
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import ServerProcess, start_server
+from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
 
 from .helpers import router_over, serving
 
@@ -99,3 +102,63 @@ def trio(checkpoint: Path, logs: Path, flavor: RouterFlavor = RouterFlavor.SGLAN
     with serving(servers, timeout_s=120):
         with router_over(servers["prefill"], servers["decode"], flavor) as router:
             yield {**servers, "router": router}
+
+
+RELIABILITY_OUT_ENV = "SGLANG_ASYM_RELIABILITY_OUT"
+
+
+def record(scenario: str, **facts) -> None:
+    """Merge a scenario's measured facts into the JSON file named by $SGLANG_ASYM_RELIABILITY_OUT (if set)."""
+    out = os.environ.get(RELIABILITY_OUT_ENV)
+    print(f"{scenario}: {facts}")
+    if not out:
+        return
+    path = Path(out)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("command", f"{RELIABILITY_OUT_ENV}={out} python -m pytest {' '.join(sys.argv[1:])}")
+    data.setdefault("scenarios", {})[scenario] = facts
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+@dataclass
+class Stack:
+    """P, D and a router with its circuit breaker on (the router's default): a worker a scenario kills is
+    restarted on its own port, so the router's configuration stays valid across scenarios."""
+
+    checkpoint: Path
+    logs: Path
+    prefill: ServerProcess
+    decode: ServerProcess
+    router: RouterProcess
+    decode_args: tuple[str, ...]
+
+    def restart_decode(self, timeout_s: float = 120.0) -> float:
+        """Start D again on its port (the old process must be gone); seconds until it is healthy."""
+        assert self.decode.proc.poll() is not None, "restart_decode needs D stopped first"
+        started = time.monotonic()
+        self.decode = start_server("asym-decode", self.checkpoint, self.logs, *self.decode_args, port=self.decode.port)
+        wait_healthy(self.decode, timeout_s)
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        self.router.stop()
+        for server in (self.prefill, self.decode):
+            server.stop()
+
+
+@contextlib.contextmanager
+def stack(checkpoint: Path, logs: Path, decode_extra: tuple[str, ...] = ()) -> Iterator[Stack]:
+    timeout = ("--transfer-timeout", str(D_TRANSFER_TIMEOUT_S))
+    prefill = start_server("asym-prefill", checkpoint, logs, *timeout)
+    decode = start_server("asym-decode", checkpoint, logs, *timeout, *decode_extra)
+    router = RouterProcess(RouterConfig(prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),),
+                                        decode=(decode.url,), port=pick_free_port(), retry_max_retries=1),
+                           log_path=logs / "router.log")
+    s = Stack(checkpoint, logs, prefill, decode, router, (*timeout, *decode_extra))
+    try:
+        wait_healthy(prefill, 120)
+        wait_healthy(decode, 120)
+        router.start(ready_timeout_s=120)
+        yield s
+    finally:
+        s.stop()

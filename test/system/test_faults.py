@@ -16,7 +16,7 @@ import pytest
 
 from sglang_asym.runtime.server_process import post
 
-from .faults import D_TRANSFER_TIMEOUT_S, first_event, open_stream, pools, read_stream, trio, wait_pools
+from .faults import D_TRANSFER_TIMEOUT_S, first_event, open_stream, pools, read_stream, record, trio, wait_pools
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,10 +49,10 @@ def test_client_disconnect_mid_stream_frees_both_workers(tiny_checkpoint, tmp_pa
         first_event(resp)
         assert pools(d)["num_used_tokens"] > 0  # the request is decoding on D
         conn.close()
-        print(f"disconnect: P back in {wait_pools(p, p0, POOLS_BACK_S):.2f} s, "
-              f"D back in {wait_pools(d, d0, POOLS_BACK_S):.2f} s")
+        back = {"prefill_s": round(wait_pools(p, p0, POOLS_BACK_S), 3), "decode_s": round(wait_pools(d, d0, POOLS_BACK_S), 3)}
         status, body = post(router.url + "/generate", {**STREAM, "sampling_params": {"max_new_tokens": 4}}, 60)
         assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+        record("client_disconnect_mid_stream", bound_s=POOLS_BACK_S, pools_back=back)
 
 
 def test_killed_decode_ends_the_stream_and_prefill_stays_clean(tiny_checkpoint, tmp_path):
@@ -66,12 +66,12 @@ def test_killed_decode_ends_the_stream_and_prefill_stays_clean(tiny_checkpoint, 
         os.kill(d.proc.pid, signal.SIGKILL)
         end = read_stream(resp, killed, events)
         conn.close()
-        print(f"kill -9 D: stream ended {end.seconds:.2f} s later ({end.error}), "
-              f"{len(end.events)} events, {killed - started:.2f} s after the request")
         assert end.seconds < KILLED_D_STREAM_END_S and not end.done and end.error
         assert end.events[-1]["meta_info"]["finish_reason"] is None  # never a fake finish
         assert _health_generate(p) == 200
-        print(f"kill -9 D: P pools back in {wait_pools(p, p0, POOLS_BACK_S):.2f} s")
+        record("kill9_decode_mid_stream", bound_s=KILLED_D_STREAM_END_S, stream_end_s=round(end.seconds, 3),
+               client_saw=end.error, events_before=len(end.events), killed_after_request_s=round(killed - started, 3),
+               prefill_pools_back_s=round(wait_pools(p, p0, POOLS_BACK_S), 3))
 
 
 def test_killed_prefill_fails_in_flight_requests_and_decode_stays_clean(tiny_checkpoint, tmp_path):
@@ -88,9 +88,10 @@ def test_killed_prefill_fails_in_flight_requests_and_decode_stays_clean(tiny_che
             results = [f.result(timeout=KILLED_P_ANSWER_S + 30) for f in futures]
             answered = time.monotonic() - killed
         statuses = sorted(status for status, _ in results)
-        print(f"kill -9 P: statuses {statuses}, all answered {answered:.2f} s after the kill")
         assert answered < KILLED_P_ANSWER_S
         assert all(status >= 500 or body["meta_info"]["completion_tokens"] == 8 for status, body in results)
         assert any(status >= 500 for status in statuses)  # the requests P had not finished failed clearly
         assert _health_generate(d) == 200  # D serves while the failed rooms' extents sit in quarantine
-        print(f"kill -9 P: D pools back in {wait_pools(d, d0, QUARANTINED_BACK_S):.2f} s")
+        record("kill9_prefill_4_in_flight", bound_s=KILLED_P_ANSWER_S, statuses=statuses,
+               all_answered_s=round(answered, 3), decode_pools_bound_s=QUARANTINED_BACK_S,
+               decode_pools_back_s=round(wait_pools(d, d0, QUARANTINED_BACK_S), 3))

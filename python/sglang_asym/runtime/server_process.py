@@ -55,14 +55,20 @@ class ServerProcess:
 
 def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang_asym.launch_server",
                  python: str = sys.executable, served_name: str = "v41-small",
-                 env: dict[str, str] | None = None) -> ServerProcess:
-    port = pick_free_port()
-    bootstrap = pick_free_port() if mode in ("asym-prefill", "prefill") else None
+                 env: dict[str, str] | None = None, port: int | None = None,
+                 bootstrap_port: int | None = None) -> ServerProcess:
+    """Start one server; `port` / `bootstrap_port` (default: free ports) restart a worker where it was."""
+    port = port or pick_free_port()
+    bootstrap = (bootstrap_port or pick_free_port()) if mode in ("asym-prefill", "prefill") else None
     args = [python, "-m", module, "--model-path", str(model_path), "--port", str(port),
             "--disaggregation-mode", mode, "--log-level", "warning", "--served-model-name", served_name, *extra]
     if bootstrap is not None:
         args += ["--disaggregation-bootstrap-port", str(bootstrap)]
     log = log_dir / f"{mode}-{port}.log"
+    restarts = 0
+    while log.exists():  # a restart on the same port keeps the earlier run's log
+        restarts += 1
+        log = log_dir / f"{mode}-{port}-restart{restarts}.log"
     env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -13,6 +13,7 @@ class HttpServerConfig:
     host: str = "127.0.0.1"
     port: int = 30000  # 0 picks a free port (tests)
     health_generate_timeout_s: float = 20.0  # SGLang's HEALTH_CHECK_TIMEOUT
+    drain_timeout_s: float = 30.0  # on SIGTERM, running requests get this long to finish before an abort
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -21,6 +22,8 @@ class HttpServerConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.health_generate_timeout_s <= 0:
             raise ValueError(f"health_generate_timeout_s must be > 0, got {self.health_generate_timeout_s}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 
     @property
     def served_name(self) -> str:

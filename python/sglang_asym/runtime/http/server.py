@@ -3,11 +3,21 @@
 Handlers are cancelled when the client disconnects (aiohttp's `handler_cancellation`), which is how a
 client that goes away mid-request reaches `engine.abort(rid)`. The app serves no `/version`: smg takes
 a worker that answers it for vLLM and then talks vLLM's PD protocol to it instead of SGLang's.
+
+SIGTERM / SIGINT drain the server: new generate requests get 503, running requests finish for up to
+`drain_timeout_s`, what is left is aborted (its clients see finish_reason `abort`, not a stream that just
+stops), then the server closes. It keeps listening and answering /health meanwhile: the PD routers drop a
+worker whose health check fails together with its in-flight streams, ending them with a clean `[DONE]`
+the client cannot tell from a finished answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import time
+from dataclasses import dataclass
 from http import HTTPStatus
 
 from aiohttp import web
@@ -23,7 +33,17 @@ from sglang_asym.runtime.http.runner import RequestRunner
 from sglang_asym.runtime.http.tokenizer import TextTokenizer
 
 MAX_REQUEST_BYTES = 64 << 20
+ABORTED_FLUSH_S = 5.0  # after the drain, how long aborted requests get to send their last event
+_GENERATE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DrainState:
+    draining: bool = False
+
+
+DRAIN_KEY = web.AppKey("drain", DrainState)
 
 
 class _GrpcProbeFilter(logging.Filter):
@@ -53,9 +73,19 @@ async def _json_internal_errors(request: web.Request, handler):
         return native_error_response(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {exc!r}"))
 
 
+@web.middleware
+async def _refuse_while_draining(request: web.Request, handler):
+    """While the server drains, no new request is admitted."""
+    if request.app[DRAIN_KEY].draining and request.path in _GENERATE_PATHS:
+        return native_error_response(ApiError(HTTPStatus.SERVICE_UNAVAILABLE,
+                                              "the server is shutting down: no new requests are admitted"))
+    return await handler(request)
+
+
 def build_app(engine: EngineClient, tokenizer: TextTokenizer, config: HttpServerConfig) -> web.Application:
     _install_probe_filter()
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[_json_internal_errors])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[_refuse_while_draining, _json_internal_errors])
+    app[DRAIN_KEY] = DrainState()
     app[RUNNER_KEY] = RequestRunner(engine, tokenizer)
     app[CONFIG_KEY] = config
     app[SERVED_MODEL_KEY] = config.served_name
@@ -89,6 +119,10 @@ class HttpServer:
             raise RuntimeError("HttpServer is not started")
         return f"http://{self._host}:{self.port}"
 
+    async def drain(self, timeout_s: float) -> tuple[str, ...]:
+        """The SIGTERM path without the signal: stop admitting, wait, abort the rest (-> the aborted rids)."""
+        return await drain(self._runner.app, timeout_s)
+
     async def stop(self) -> None:
         if self.port is None:
             return
@@ -96,7 +130,47 @@ class HttpServer:
         await self._runner.cleanup()
 
 
+async def _wait_idle(runner: RequestRunner, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while runner.live_rids():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def drain(app: web.Application, timeout_s: float) -> tuple[str, ...]:
+    """Stop admitting, let running requests finish for up to timeout_s, abort the rest; -> the aborted rids."""
+    app[DRAIN_KEY].draining = True
+    runner = app[RUNNER_KEY]
+    if await _wait_idle(runner, timeout_s):
+        return ()
+    left = runner.live_rids()
+    logger.warning("drain: %d request(s) still running after %.1f s, aborting them", len(left), timeout_s)
+    for rid in left:
+        await runner.engine.abort(rid)
+    await _wait_idle(runner, ABORTED_FLUSH_S)
+    return left
+
+
+async def serve_until_signal(app: web.Application, config: HttpServerConfig) -> None:
+    """Serve until SIGINT/SIGTERM, then drain (see the module docstring) and close."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=ABORTED_FLUSH_S)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        logger.warning("shutting down: draining for up to %.1f s", config.drain_timeout_s)
+        await drain(app, config.drain_timeout_s)
+    finally:
+        await runner.cleanup()
+
+
 def run_http_server(engine: EngineClient, tokenizer: TextTokenizer, config: HttpServerConfig) -> None:
-    """Blocking: serve until SIGINT/SIGTERM (the launch CLI's entry)."""
-    web.run_app(build_app(engine, tokenizer, config), host=config.host, port=config.port,
-                handler_cancellation=True, access_log=None, print=None)
+    """Blocking: serve until SIGINT/SIGTERM, drain, return (the launch CLI's entry)."""
+    asyncio.run(serve_until_signal(build_app(engine, tokenizer, config), config))

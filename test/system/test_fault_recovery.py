@@ -1,0 +1,286 @@
+"""Faults and recovery on one shared P + D + router stack (tiny checkpoint, sglang-router with its circuit
+breaker on): aborts, clients gone before the first token, D frozen (SIGSTOP) past the transfer timeout,
+D killed (-9) and restarted on its port, D drained by SIGTERM, and more requests than D runs at once.
+Each scenario states its bound: the client gets an HTTP error status or an SSE error event (or its full
+answer) within it; the surviving worker keeps serving; every pool returns exactly to its start value; the
+next request through the router is served. Measured times go to $SGLANG_ASYM_RELIABILITY_OUT."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from sglang_asym.runtime.server_process import post
+
+from .faults import D_TRANSFER_TIMEOUT_S, first_event, open_stream, pools, read_stream, record, stack, wait_pools
+
+pytestmark = pytest.mark.timeout(120)
+
+D_MAX_RUNNING = 2  # D runs this many requests at once; more wait in its queue
+POOLS_BACK_S = 15.0  # a worker's pools are at their start values this long after the fault ends at most
+ABORT_END_S = 2.0  # an aborted stream ends (finish_reason abort) this long after /abort_request at most
+# A request reaching P while D cannot answer: P gives up on D after its transfer timeout; the router answers
+DEAD_D_ANSWER_S = D_TRANSFER_TIMEOUT_S + 3.0
+FROZEN_S = D_TRANSFER_TIMEOUT_S + 3.0  # how long D stays stopped: past P's wait for D's handshake
+THAWED_ERROR_S = 5.0  # after SIGCONT, the request sent while D was frozen fails this long after at most
+RESTART_SERVE_S = 10.0  # from a restarted D healthy to the first request served through the router
+DRAIN_EXIT_S = 15.0  # D exits this long after SIGTERM at most (its in-flight streams finish first)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    """n deterministic token ids inside the tiny checkpoint's vocabulary (512, above its special ids)."""
+    return [(seed * 7919 + i * 104729) % 500 + 3 for i in range(n)]
+
+
+def stream_body(seed: int, n_in: int = 300, n_out: int = 120) -> dict:
+    return {"input_ids": ids(n_in, seed),
+            "sampling_params": {"max_new_tokens": n_out, "temperature": 0, "ignore_eos": True},  # exact lengths
+            "rid": f"fault-{seed}-{time.monotonic_ns()}"}
+
+
+def small(seed: int) -> dict:
+    return {"input_ids": ids(200, seed), "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+
+
+def served(router_url: str, seed: int) -> bool:
+    status, body = post(router_url + "/generate", small(seed), 60)
+    assert status == 200, body
+    return body["meta_info"]["completion_tokens"] == 4
+
+
+def send_stream(url: str, body: dict) -> http.client.HTTPConnection:
+    """A streaming /generate sent without waiting for the response's headers."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/generate", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    return conn
+
+
+def abort(url: str, rid: str) -> int:
+    req = urllib.request.Request(url + "/abort_request", data=json.dumps({"rid": rid}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def health_generate(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/health_generate", timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_checkpoint, tmp_path_factory):
+    with stack(tiny_checkpoint, tmp_path_factory.mktemp("fault-recovery"),
+               decode_extra=("--max-running-requests", str(D_MAX_RUNNING))) as s:
+        s.start_pools = {"prefill": pools(s.prefill), "decode": pools(s.decode)}
+        yield s
+
+
+def pools_back(pair) -> dict:
+    return {"prefill_s": round(wait_pools(pair.prefill, pair.start_pools["prefill"], POOLS_BACK_S), 3),
+            "decode_s": round(wait_pools(pair.decode, pair.start_pools["decode"], POOLS_BACK_S), 3)}
+
+
+def test_abort_request_reaches_both_workers(pair):
+    router = pair.router.url
+    body = stream_body(1)
+    conn, resp = open_stream(router, body, 60)
+    events = first_event(resp)
+    assert events[0]["meta_info"]["id"] == body["rid"]  # the router passes the client's rid to the workers
+    # sglang-router 0.3.2 serves no /abort_request: an abort goes to each worker under that rid
+    assert abort(router, body["rid"]) == 404
+    sent = time.monotonic()
+    assert abort(pair.decode.url, body["rid"]) == 200 and abort(pair.prefill.url, body["rid"]) == 200
+    end = read_stream(resp, sent, events)
+    conn.close()
+    last = end.events[-1]["meta_info"]
+    assert end.done and end.error is None and end.seconds < ABORT_END_S
+    assert last["finish_reason"] == {"type": "abort", "message": "Aborted"}
+    assert 0 < last["completion_tokens"] < body["sampling_params"]["max_new_tokens"]
+    back = pools_back(pair)
+    assert served(router, 2)
+    record("abort_request_mid_stream", bound_s=ABORT_END_S, stream_end_after_abort_s=round(end.seconds, 3),
+           tokens_before_abort=last["completion_tokens"], router_abort_route_status=404, pools_back=back)
+
+
+def test_abort_before_the_first_token(pair):
+    """Aborted while P computes a long prefix and D waits for it: the client is answered, nothing leaks."""
+    router = pair.router.url
+    body = stream_body(3, n_in=3000, n_out=8)
+    conn = send_stream(router, body)  # the router sends its headers only once P has answered
+    time.sleep(0.3)
+    sent = time.monotonic()
+    assert abort(pair.prefill.url, body["rid"]) == 200 and abort(pair.decode.url, body["rid"]) == 200
+    end = read_stream(conn.getresponse(), sent)
+    conn.close()
+    print(f"abort before first token: status {end.status}, {end.seconds:.2f} s, done {end.done}, {end.error}, "
+          f"{[e.get('meta_info', e) for e in end.events]}")
+    # an HTTP error, an SSE error event, or an abort finish: never a silent hang, never a normal finish
+    reasons = [e["meta_info"]["finish_reason"] for e in end.events if "meta_info" in e]
+    assert end.seconds < DEAD_D_ANSWER_S
+    assert end.error is not None or end.status != 200 or (reasons and reasons[-1]["type"] == "abort")
+    back = pools_back(pair)
+    assert served(router, 4)
+    record("abort_request_before_first_token", bound_s=DEAD_D_ANSWER_S, answered_after_abort_s=round(end.seconds, 3),
+           http_status=end.status, error=end.error, pools_back=back)
+
+
+def test_client_gone_before_the_first_token(pair):
+    """Clients that disconnect while P computes the prefix, while it is in transfer, and in D's window step."""
+    router = pair.router.url
+    backs = {}
+    for delay in (0.2, 0.6, 1.2):
+        conn = send_stream(router, stream_body(5, n_in=3000, n_out=50))
+        time.sleep(delay)
+        conn.close()
+        backs[str(delay)] = pools_back(pair)
+    assert served(router, 6)
+    record("client_disconnect_before_first_token", bound_s=POOLS_BACK_S, disconnect_after_s=[0.2, 0.6, 1.2],
+           pools_back=backs)
+
+
+def test_frozen_decode_past_the_transfer_timeout(pair):
+    """SIGSTOP D with a stream decoding on it and a new request arriving, past P's transfer timeout, then
+    SIGCONT: P stays healthy and clean meanwhile, the new request fails clearly, the running one finishes."""
+    router = pair.router.url
+    running = stream_body(7, n_out=60)
+    conn, resp = open_stream(router, running, 60)
+    events = first_event(resp)
+    os.kill(pair.decode.proc.pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            arriving = pool.submit(post, router + "/generate", small(8), 60)
+            assert health_generate(pair.prefill.url) == 200  # P serves while D is frozen
+            p_clean_s = wait_pools(pair.prefill, pair.start_pools["prefill"], FROZEN_S)
+            time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen)))
+            os.kill(pair.decode.proc.pid, signal.SIGCONT)
+            thawed = time.monotonic()
+            status, body = arriving.result(timeout=THAWED_ERROR_S + 30)
+            error_after_thaw = time.monotonic() - thawed
+    finally:
+        os.kill(pair.decode.proc.pid, signal.SIGCONT)
+    end = read_stream(resp, thawed, events)
+    conn.close()
+    assert status >= 500 and "error" in body, body
+    assert error_after_thaw < THAWED_ERROR_S
+    # the stream that was decoding when D froze resumes and finishes whole
+    assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 60
+    back = pools_back(pair)
+    assert served(router, 9)
+    record("sigstop_decode_past_transfer_timeout", frozen_s=FROZEN_S, transfer_timeout_s=D_TRANSFER_TIMEOUT_S,
+           bound_after_sigcont_s=THAWED_ERROR_S, new_request_status=status,
+           new_request_error=body["error"].get("message", "")[:200],
+           new_request_error_after_sigcont_s=round(error_after_thaw, 3),
+           prefill_pools_clean_while_frozen_s=round(p_clean_s, 3),
+           running_stream_finished_after_sigcont_s=round(end.seconds, 3), pools_back=back)
+
+
+def test_killed_decode_restarts_on_its_port(pair):
+    """kill -9 D mid-stream: the stream ends, requests while D is dead fail within DEAD_D_ANSWER_S and do not
+    take P out of the router's rotation; D restarted on its port serves again within RESTART_SERVE_S."""
+    router = pair.router.url
+    conn, resp = open_stream(router, stream_body(10), 60)
+    events = first_event(resp)
+    killed = time.monotonic()
+    os.kill(pair.decode.proc.pid, signal.SIGKILL)
+    end = read_stream(resp, killed, events)
+    conn.close()
+    pair.decode.proc.wait(10)
+    assert not end.done and end.error and end.seconds < 5.0
+    dead = []
+    for seed in (11, 12, 13):
+        sent = time.monotonic()
+        status, body = post(router + "/generate", small(seed), 60)
+        dead.append((status, round(time.monotonic() - sent, 3)))
+        assert status >= 500 and "error" in body, body
+    assert max(seconds for _, seconds in dead) < DEAD_D_ANSWER_S
+    assert health_generate(pair.prefill.url) == 200
+    p_back = round(wait_pools(pair.prefill, pair.start_pools["prefill"], POOLS_BACK_S), 3)
+    restarted = time.monotonic()
+    startup_s = pair.restart_decode()
+    healthy = time.monotonic()
+    while True:
+        status, _ = post(router + "/generate", small(14), 60)
+        if status == 200:
+            break
+        assert time.monotonic() - healthy < RESTART_SERVE_S, "the restarted D is not served through the router"
+        time.sleep(0.2)
+    serve_again_s = time.monotonic() - healthy
+    assert all(served(router, 15 + i) for i in range(3))  # P stayed in rotation: every request is served
+    back = pools_back(pair)
+    record("kill9_decode_mid_stream_then_restart", stream_end_bound_s=5.0, stream_end_s=round(end.seconds, 3),
+           dead_decode_bound_s=DEAD_D_ANSWER_S, requests_while_dead=dead, prefill_pools_back_s=p_back,
+           decode_startup_s=round(startup_s, 3), serve_again_bound_after_healthy_s=RESTART_SERVE_S,
+           serve_again_after_healthy_s=round(serve_again_s, 3),
+           serve_again_after_restart_s=round(time.monotonic() - restarted, 3), pools_back=back)
+
+
+def test_sigterm_drains_decode(pair):
+    """SIGTERM D with a stream decoding on it: that stream finishes whole, a new request fails clearly, D
+    exits 0; D restarted on its port serves again."""
+    router = pair.router.url
+    running = stream_body(20, n_out=100)
+    conn, resp = open_stream(router, running, 60)
+    events = first_event(resp)
+    term = time.monotonic()
+    os.kill(pair.decode.proc.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    status, body = post(router + "/generate", small(21), 60)
+    refused_s = time.monotonic() - term
+    end = read_stream(resp, term, events)
+    conn.close()
+    exit_code = pair.decode.proc.wait(DRAIN_EXIT_S)
+    exited_s = time.monotonic() - term
+    assert status >= 500 and "error" in body and refused_s < DEAD_D_ANSWER_S + 0.3, (status, body)
+    assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 100
+    assert exit_code == 0
+    p_back = round(wait_pools(pair.prefill, pair.start_pools["prefill"], POOLS_BACK_S), 3)
+    startup_s = pair.restart_decode()
+    healthy = time.monotonic()
+    while post(router + "/generate", small(22), 60)[0] != 200:
+        assert time.monotonic() - healthy < RESTART_SERVE_S
+        time.sleep(0.2)
+    serve_again_s = time.monotonic() - healthy
+    back = pools_back(pair)
+    record("sigterm_drain_decode", new_request_bound_s=DEAD_D_ANSWER_S, new_request_status=status,
+           new_request_failed_after_s=round(refused_s, 3), in_flight_stream_finished_s=round(end.seconds, 3),
+           exit_bound_s=DRAIN_EXIT_S, exit_code=exit_code, exited_after_s=round(exited_s, 3),
+           prefill_pools_back_s=p_back, decode_startup_s=round(startup_s, 3),
+           serve_again_after_healthy_s=round(serve_again_s, 3), pools_back=back)
+
+
+def test_more_requests_than_decode_runs_at_once(pair):
+    """Three times D's --max-running-requests at once: each completes whole or fails with a clear error, D
+    stays up, and its pools return to start."""
+    router = pair.router.url
+    n = 3 * D_MAX_RUNNING
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        bodies = [{"input_ids": ids(400, 30 + i), "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}}
+                  for i in range(n)]
+        results = [f.result(timeout=110) for f in [pool.submit(post, router + "/generate", b, 100) for b in bodies]]
+    seconds = time.monotonic() - started
+    statuses = [status for status, _ in results]
+    for status, body in results:
+        assert (status == 200 and body["meta_info"]["completion_tokens"] == 40) or (status >= 500 and "error" in body)
+    assert statuses.count(200) == n  # queueing, not refusals: D admits them as running slots free up
+    assert pair.decode.proc.poll() is None
+    back = pools_back(pair)
+    assert served(router, 40)
+    record("decode_over_max_running", concurrent=n, decode_max_running=D_MAX_RUNNING, statuses=statuses,
+           all_answered_s=round(seconds, 3), pools_back=back)
