@@ -1,6 +1,6 @@
 """Faults and recovery on one shared P + D + router stack (tiny checkpoint, sglang-router with its circuit
-breaker on): aborts, clients gone before the first token, D frozen (SIGSTOP) past the transfer timeout,
-D killed (-9) and restarted on its port, D drained by SIGTERM, and more requests than D runs at once.
+breaker on): aborts, clients gone before the first token, D and then P frozen (SIGSTOP) past the transfer
+timeout, D killed (-9) and restarted on its port, D drained by SIGTERM, and more requests than D runs at once.
 Each scenario states its bound: the client gets an HTTP error status or an SSE error event (or its full
 answer) within it; the surviving worker keeps serving; every pool returns exactly to its start value; the
 next request through the router is served. Measured times go to $SGLANG_ASYM_RELIABILITY_OUT."""
@@ -188,6 +188,40 @@ def test_frozen_decode_past_the_transfer_timeout(pair):
            new_request_error_after_sigcont_s=round(error_after_thaw, 3),
            prefill_pools_clean_while_frozen_s=round(p_clean_s, 3),
            running_stream_finished_after_sigcont_s=round(end.seconds, 3), pools_back=back)
+
+
+def test_frozen_prefill_past_the_transfer_timeout(pair):
+    """SIGSTOP P while it computes one request's prefix and another arrives, past D's transfer timeout, then
+    SIGCONT: D stays healthy and fails both rooms meanwhile, both clients get an error soon after SIGCONT,
+    and D's quarantined landing extents come back when the resumed P confirms it stopped writing."""
+    router = pair.router.url
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        computing = pool.submit(post, router + "/generate", stream_body(50, n_in=3000, n_out=8), 60)
+        time.sleep(0.5)  # P is computing the 3000-token prefix
+        os.kill(pair.prefill.proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            arriving = pool.submit(post, router + "/generate", small(51), 60)
+            assert health_generate(pair.decode.url) == 200  # D serves while P is frozen
+            time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen)))
+            quarantined = pools(pair.decode)["transfer"]["pools"]["landing"]["quarantined"]
+            os.kill(pair.prefill.proc.pid, signal.SIGCONT)
+            thawed = time.monotonic()
+            answers = [f.result(timeout=THAWED_ERROR_S + 30) for f in (computing, arriving)]
+            error_after_thaw = time.monotonic() - thawed
+        finally:
+            os.kill(pair.prefill.proc.pid, signal.SIGCONT)
+    for status, body in answers:
+        assert status >= 500 and "prefix transfer failed" in body["error"]["message"], body
+    assert error_after_thaw < THAWED_ERROR_S
+    assert quarantined > 0  # D held the failed rooms' landing rows while P could still be writing
+    back = pools_back(pair)
+    assert served(router, 52)
+    record("sigstop_prefill_past_transfer_timeout", frozen_s=FROZEN_S, transfer_timeout_s=D_TRANSFER_TIMEOUT_S,
+           bound_after_sigcont_s=THAWED_ERROR_S, statuses=[status for status, _ in answers],
+           errors=[body["error"]["message"][:160] for _, body in answers],
+           errors_after_sigcont_s=round(error_after_thaw, 3), decode_landing_rows_quarantined=quarantined,
+           pools_back=back)
 
 
 def test_killed_decode_restarts_on_its_port(pair):
