@@ -115,13 +115,44 @@ def test_bad_sampling_settings(kwargs, match):
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.7, 5, 1.0), (1.3, -1, 0.8), (0.9, 40, 0.95)])
-def test_target_distribution_is_the_plain_samplers(temperature, top_k, top_p):
-    """p in the acceptance rule is exactly what the runtime's plain decode samples from, so speculative
-    sampling reproduces the non-speculative output distribution."""
-    from sglang_asym.runtime.engine.sampler import filtered_probs
+def test_plain_sampler_and_acceptance_draw_from_the_same_tensor(monkeypatch, temperature, top_k, top_p):
+    """The runtime's plain sampler and the acceptance rule's bonus draw (k = 0) hand torch.multinomial
+    the exact same fp64 tensor and, from equal generators, emit the same token: speculative sampling
+    reproduces the non-speculative output distribution."""
+    from sglang_asym.runtime.engine.sampler import sample
+    from sglang_asym.runtime.engine_api import SamplingParams
+    from sglang_asym.speculative import accept
+
+    drawn_from: list[torch.Tensor] = []
+    multinomial = torch.multinomial
+
+    def spy(probs, *args, **kwargs):
+        drawn_from.append(probs)
+        return multinomial(probs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", spy)
+    logits = torch.randn(512, generator=torch.Generator().manual_seed(top_k))
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    for seed in range(5):
+        plain = sample(logits, params, torch.Generator().manual_seed(seed))
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        emitted = accept([], torch.zeros(0, 512), logits[None], sampling, torch.Generator().manual_seed(seed))
+        assert emitted == [plain]
+    assert len(drawn_from) == 10
+    expected = token_probs(logits, params.token_sampling)
+    assert expected.dtype == torch.float64
+    for probs in drawn_from:
+        assert probs.dtype == torch.float64 and torch.equal(probs, expected)
+    if top_k > 0 and top_p == 1:
+        assert int((expected > 0).sum()) == top_k
+
+
+def test_greedy_plain_and_acceptance_agree_on_ties():
+    from sglang_asym.runtime.engine.sampler import sample
     from sglang_asym.runtime.engine_api import SamplingParams
 
-    logits = torch.randn(512, generator=torch.Generator().manual_seed(top_k))
-    mine = token_probs(logits, Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
-    plain = filtered_probs(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
-    assert torch.allclose(mine, plain, atol=1e-12, rtol=0)
+    tie = torch.tensor([0.0, 2.0, 2.0])
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1)):
+        assert params.is_greedy and params.token_sampling.greedy
+        assert sample(tie, params, None) == 1
+        assert torch.equal(token_probs(tie, params.token_sampling), torch.tensor([0.0, 1.0, 0.0]).double())

@@ -35,6 +35,7 @@ from enum import Enum
 from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
 
 from sglang_asym.runtime.metrics import EngineMetrics
+from sglang_asym.sampling import Sampling
 
 MAX_NEW_TOKENS_LIMIT = 1 << 20  # a sanity bound; the real bound is the engine's max_context_length
 BOOTSTRAP_ROOM_LIMIT = 1 << 63  # rooms are unsigned 63-bit (the router draws them below 2^63)
@@ -86,8 +87,13 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 
     @property
+    def token_sampling(self) -> Sampling:
+        """The token filter's settings (`sglang_asym.sampling`), shared with speculative acceptance."""
+        return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.token_sampling.greedy
 
 
 @dataclass(frozen=True)

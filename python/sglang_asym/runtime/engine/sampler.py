@@ -1,9 +1,10 @@
-"""Token sampling from one position's logits: greedy, temperature, top-k, top-p, per-request seed."""
+"""Token sampling for the runtime: per-request seeded generators; the draw itself is `sglang_asym.sampling`'s."""
 
 from __future__ import annotations
 
 import torch
 
+from ...sampling import sample_token
 from ..engine_api import SamplingParams
 
 
@@ -12,23 +13,6 @@ def make_generator(params: SamplingParams, fallback_seed: int) -> torch.Generato
     return torch.Generator().manual_seed(params.seed if params.seed is not None else fallback_seed)
 
 
-def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution sampling draws from (temperature, then top-k, then top-p), fp64, sums to 1."""
-    scaled = logits.double() / max(params.temperature, 1e-6)
-    if params.top_k > 0 and params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, -torch.inf)
-    probs = torch.softmax(scaled, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep_sorted = torch.cumsum(sorted_probs, 0) - sorted_probs < params.top_p
-        keep = torch.zeros_like(probs, dtype=torch.bool).scatter(0, order, keep_sorted)
-        probs = probs.masked_fill(~keep, 0.0)
-        probs = probs / probs.sum()
-    return probs
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    if params.is_greedy:
-        return int(torch.argmax(logits))
-    return int(torch.multinomial(filtered_probs(logits, params).float(), 1, generator=generator))
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from [V] logits under the request's settings (the filter speculative acceptance uses)."""
+    return sample_token(logits, params.token_sampling, generator)
