@@ -33,6 +33,7 @@ except ImportError:  # a lent GPU machine's own python may lack it: the checksum
 from sgl_kernel_ext import (compressed_kv_layout, gather_plan, index_sites, kv_sites, payload_bytes, ring_sites,
                             run_plan, scatter_plan, swa_sites)
 from sgl_kernel_ext.layouts import SGLANG_INDEX_PAGE_SIZE, SGLANG_PAGE_SIZE, index_page_layout, kv_page_layout
+from sglang_asym.cache import GroupKind, parse_group
 from sglang_asym.config import V41Config
 from sglang_asym.split import SplitPlan
 
@@ -72,19 +73,19 @@ def request_sites(cfg: V41Config, n_tokens: int, main: str, device: torch.device
     swa_pages = torch.randperm(pages, generator=gen)[:pages - 1]
     sites = []
     for g in split.manifest("release").nonempty().groups:
-        kind, layer = g.name.split(".L")
-        layer = int(layer)
-        if kind == "tail":
+        gid = parse_group(g.name)
+        layer = gid.layer
+        if gid.kind is GroupKind.TAIL:
             ring = _random_bytes((RING_ROWS, g.row_bytes), gen, device)
             sites.append(ring_sites(g.name, ring, [(b - 1) % RING_ROWS]))
-        elif kind == "swa":
+        elif gid.kind is GroupKind.SWA:
             layout = kv_page_layout(main)
             buf = _random_bytes((pages, layout.page_bytes), gen, device)
             sites.append(swa_sites(g.name, buf, main, range(*split.encoder_swa_rows), swa_pages))
         else:
             ratio = cfg.compress_ratios[layer]
             per_page = SGLANG_PAGE_SIZE // ratio
-            if kind == "kv":
+            if gid.kind is GroupKind.KV:
                 name = compressed_kv_layout(main, ratio)
                 buf = _random_bytes((pages, kv_page_layout(name, per_page).page_bytes), gen, device)
                 sites.append(kv_sites(g.name, buf, name, ratio, range(g.num_rows), full))

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import CacheSet, RequestCache, index_group, kv_group, swa_group, tail_group
+from .cache import CacheSet, GroupKind, RequestCache, index_group, kv_group, parse_group, swa_group, tail_group
+from .cache.groups import row_count
 from .model import V41Model
 from .model.steps import prefill
 from .split import Semantics, SplitPlan
@@ -83,11 +84,10 @@ def extract_payload(cache: RequestCache, split: SplitPlan) -> dict[str, torch.Te
     rows: dict[str, torch.Tensor] = {}
     swa_start, swa_end = split.encoder_swa_rows
     for group in split.manifest(row_format="model").groups:
-        kind, layer = group.name.split(".L")
-        layer = int(layer)
-        if kind == "tail":
-            rows[group.name] = cache.tail(layer).clone()
-        elif kind == "swa":
+        gid = parse_group(group.name)
+        if gid.kind is GroupKind.TAIL:
+            rows[group.name] = cache.tail(gid.layer).clone()
+        elif gid.kind is GroupKind.SWA:
             rows[group.name] = cache.rows(group.name).read(swa_start, swa_end).clone()
         else:
             rows[group.name] = cache.rows(group.name).read(0, group.num_rows).clone()
@@ -172,6 +172,6 @@ def _check_state(model: V41Model, state: PrefixState, split: SplitPlan) -> None:
         raise PrefixMismatch(f"PrefixState is for N={state.prompt_len} (B={state.boundary}), "
                              f"this request has N={split.prompt_len} (B={split.boundary})")
     expected = {g.name: g.num_rows for g in split.manifest(row_format="model").groups}
-    got = {name: (t.shape[0] if not name.startswith("tail") else 1) for name, t in state.rows.items()}
+    got = {name: row_count(name, t) for name, t in state.rows.items()}
     if expected != got:
         raise PrefixMismatch(f"PrefixState rows {got} do not match the split manifest {expected}")

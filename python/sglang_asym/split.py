@@ -21,9 +21,8 @@ from functools import cached_property
 
 import torch
 
-from .cache import index_group, kv_group, swa_group, tail_group
+from .cache import ROW_FORMATS, GroupId, GroupKind
 from .config import DEFAULT_WINDOW, V41Config
-from .formats import row_bytes
 from .layer_plan import LayerPlan
 from .manifest import PayloadManifest, RowGroup
 
@@ -42,7 +41,8 @@ class Semantics(str, Enum):
             raise ValueError(f"unknown semantics {value!r}; choose one of {[s.value for s in cls]}") from None
 
 
-ROW_FORMATS = ("model", "release")
+def _row_group(cfg: V41Config, gid: GroupId, num_rows: int, row_format: str, dtype: torch.dtype) -> RowGroup:
+    return RowGroup(gid.name, gid.row_bytes(cfg, row_format, dtype), num_rows)
 
 
 class SplitError(ValueError):
@@ -119,40 +119,38 @@ class SplitPlan:
         """Row groups and bytes of the prefix payload, in the model dtype or at the release's formats."""
         if row_format not in ROW_FORMATS:
             raise ValueError(f"row format must be one of {ROW_FORMATS}, got {row_format!r}")
-        cfg = self.config
         if not self.runs_prefill:
             return PayloadManifest(())
-        elem = torch.empty((), dtype=dtype).element_size()
-        if row_format == "release":
-            kv_b, idx_b, swa_b = row_bytes("nvfp4", cfg.head_dim), row_bytes("mxfp4", cfg.index_head_dim), \
-                row_bytes("fp8", cfg.head_dim)
-        else:
-            kv_b, idx_b, swa_b = cfg.head_dim * elem, cfg.index_head_dim * elem, cfg.head_dim * elem
-        tail_b = 2 * cfg.head_dim * 4  # value and gate of the pending token, fp32 in every format
+
+        def group(kind: GroupKind, layer: int, num_rows: int) -> RowGroup:
+            return _row_group(self.config, GroupId(kind, layer), num_rows, row_format, dtype)
+
         groups = []
         for owner in self.plan.kv_owner_layers:
-            groups += [RowGroup(kv_group(owner), kv_b, self.compressed_rows(owner)),
-                       RowGroup(index_group(owner), idx_b, self.compressed_rows(owner))]
+            groups += [group(GroupKind.KV, owner, self.compressed_rows(owner)),
+                       group(GroupKind.INDEX, owner, self.compressed_rows(owner))]
             if self.has_tail(owner):
-                groups.append(RowGroup(tail_group(owner), tail_b, 1))
+                groups.append(group(GroupKind.TAIL, owner, 1))
         start, end = self.encoder_swa_rows
         if end > start:
-            groups += [RowGroup(swa_group(i), swa_b, end - start) for i in self.plan.encoder_layers]
+            groups += [group(GroupKind.SWA, i, end - start) for i in self.plan.encoder_layers]
         return PayloadManifest(tuple(groups))
 
     def symmetric_manifest(self, dspark_ring_bytes: int = 0) -> PayloadManifest:
         """What symmetric PD ships for the same prompt at the release's formats: global rows for all
         N tokens, every layer's window rows, and the drafter's rings (for comparison only)."""
         cfg, n = self.config, self.prompt_len
-        kv_b, idx_b, swa_b = row_bytes("nvfp4", cfg.head_dim), row_bytes("mxfp4", cfg.index_head_dim), \
-            row_bytes("fp8", cfg.head_dim)
+
+        def group(kind: GroupKind, layer: int, num_rows: int) -> RowGroup:
+            return _row_group(cfg, GroupId(kind, layer), num_rows, "release", torch.float32)
+
         groups = []
         for owner in self.plan.kv_owner_layers:
             ratio = cfg.compress_ratios[owner]
-            groups += [RowGroup(kv_group(owner), kv_b, n // ratio), RowGroup(index_group(owner), idx_b, n // ratio)]
+            groups += [group(GroupKind.KV, owner, n // ratio), group(GroupKind.INDEX, owner, n // ratio)]
             if ratio > 1 and n % ratio:
-                groups.append(RowGroup(tail_group(owner), 2 * cfg.head_dim * 4, 1))
-        groups += [RowGroup(swa_group(i), swa_b, min(n, cfg.sliding_window)) for i in range(cfg.num_hidden_layers)]
+                groups.append(group(GroupKind.TAIL, owner, 1))
+        groups += [group(GroupKind.SWA, i, min(n, cfg.sliding_window)) for i in range(cfg.num_hidden_layers)]
         if dspark_ring_bytes:
             groups.append(RowGroup("dspark.rings", dspark_ring_bytes, 1))
         return PayloadManifest(tuple(groups))

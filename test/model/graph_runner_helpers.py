@@ -10,7 +10,7 @@ import torch
 
 from model.helpers import prompt
 from sglang_asym.cache import CacheSizing, RequestCache
-from sglang_asym.cache.request import swa_group
+from sglang_asym.cache import GroupKind, parse_group, swa_group
 from sglang_asym.model import V41Model
 from sglang_asym.model.graph_runner import GraphRunner, RowKind, StepOutput, StepRows
 
@@ -70,7 +70,7 @@ def cache_state(cache: RequestCache) -> dict:
     """Everything a request's cache holds, comparable across cache sets: position, every group's
     stored row range and rows, window floors, compressor tails and the rollback journal."""
     groups = {name: (rows.start, rows.end, rows.read().clone()) for name, rows in cache.groups.items()}
-    owners = {int(name.split(".L")[1]) for name in cache.groups if name.startswith("kv.")}
+    owners = {g.layer for g in map(parse_group, cache.groups) if g.kind is GroupKind.KV}
     tails = {o: cache.tail(o) for o in owners}
     return {"pos": cache.pos, "groups": groups, "floor": dict(cache.swa_floor), "tails": tails,
             "journal": dict(cache._journal)}

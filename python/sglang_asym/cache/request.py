@@ -1,6 +1,6 @@
 """Per-request cache groups over shared paged pools.
 
-Groups (docs/v41-model.md, "Cache groups"):
+Groups (docs/v41-model.md, "Cache groups"; their names and identities: cache/groups.py):
   swa.L{i}    layer i's window KV rows (one per token; only the last window is kept)
   kv.L{o}     owner o's compressed main-KV rows (one per token pair for ratio 2, per token for ratio 1)
   index.L{o}  owner o's index-key rows (same count as kv.L{o})
@@ -15,23 +15,8 @@ import torch
 
 from ..config import V41Config
 from ..layer_plan import LayerPlan
+from .groups import GroupKind, index_group, kv_group, parse_group, swa_group, tail_group
 from .paged import PagedPool, PagedRows, PoolSpec
-
-
-def swa_group(layer: int) -> str:
-    return f"swa.L{layer}"
-
-
-def kv_group(owner: int) -> str:
-    return f"kv.L{owner}"
-
-
-def index_group(owner: int) -> str:
-    return f"index.L{owner}"
-
-
-def tail_group(owner: int) -> str:
-    return f"tail.L{owner}"
 
 
 # Compressor inputs kept per ratio-2 owner for rollback: more than the widest verify step (1 + 7).
@@ -147,8 +132,8 @@ class RequestCache:
             return
         cfg = self.set.cfg
         for name, rows in self.groups.items():
-            kind, layer = name.split(".L")
-            ratio = 1 if kind == "swa" else cfg.compress_ratios[int(layer)]
+            group = parse_group(name)
+            ratio = 1 if group.kind is GroupKind.SWA else cfg.compress_ratios[group.layer]
             rows.truncate(max(min(pos // ratio, rows.end), rows.start))
         for owner, (first, values, gates) in self._journal.items():
             if pos % 2 == 0:

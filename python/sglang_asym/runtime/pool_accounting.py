@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
-from ..cache import CacheSet
+from ..cache import CacheSet, parse_group
 
 REQUESTS = "requests"  # the cache set that holds the served requests (SGLang's figures come from it)
 
@@ -114,13 +114,11 @@ class PoolSnapshot:
 
 def cache_usage(cache_set: CacheSet, name: str) -> list[CachePoolUsage]:
     """Per-group page usage of one cache set."""
-    ratios = cache_set.cfg.compress_ratios
     out = []
     for group, pool in cache_set.pools.items():
-        kind, layer = group.split(".L")
-        tokens_per_row = {"swa": 1, "kv": ratios[int(layer)], "index": ratios[int(layer)]}.get(kind, 0)
         spec = pool.spec
-        out.append(CachePoolUsage(name, group, spec.page_rows, spec.num_pages, pool.free_pages, tokens_per_row))
+        out.append(CachePoolUsage(name, group, spec.page_rows, spec.num_pages, pool.free_pages,
+                                  parse_group(group).tokens_per_row(cache_set.cfg)))
     return out
 
 

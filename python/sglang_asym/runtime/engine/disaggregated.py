@@ -13,6 +13,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator
 
+from ...cache.groups import ships_at_end, streams
 from ...asym import PrefixState, extract_payload, run_prefix_on_full_model
 from ...model import V41Model
 from ...model.loading import model_from_checkpoint
@@ -21,7 +22,7 @@ from ..engine_api import FinishReason, GenerateRequest, TokenEvent
 from .decode_base import DecodeEngineBase
 from .decode_loop import ActiveRequest
 from .options import EngineOptions, check_mode_semantics
-from .payload_io import group_kind, transfer_compat
+from .payload_io import transfer_compat
 from .prefill_base import PrefillEngineBase
 from .streaming import stream_from_loop
 from .transfer_setup import row_format_for
@@ -48,7 +49,7 @@ class AsymPrefillEngine(PrefillEngineBase):
         manifest = sender.manifest
         meta = {"prefix_tokens": split.boundary, "prompt_tokens_computed": split.boundary, "prefill_compute_s": 0.0}
         sent = {g.name: 0 for g in manifest.groups}
-        streamed = [g for g in manifest.groups if group_kind(g.name) in ("kv", "index")]
+        streamed = [g for g in manifest.groups if streams(g.name)]
         if not split.runs_prefill:
             sender.finish()
             meta["prefill_layers_run"] = []
@@ -66,7 +67,7 @@ class AsymPrefillEngine(PrefillEngineBase):
                     return meta  # D is gone or refused: stop computing
             final = extract_payload(cache, split)
             for g in manifest.groups:
-                if group_kind(g.name) in ("swa", "tail"):
+                if ships_at_end(g.name):
                     self.ship(sender, g.name, final[g.name], slots, sent)
             sender.finish()
         finally:

@@ -14,13 +14,14 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ...cache import CacheSet, RequestCache, index_group, kv_group, swa_group, tail_group
+from ...cache import CacheSet, GroupKind, RequestCache, index_group, kv_group, parse_group, swa_group, tail_group
+from ...cache.groups import row_count
 from ...config import V41Config
 from ...manifest import PayloadManifest, RowGroup
 from ...model import V41Model
 from ...split import SplitPlan
 from ...transfer import TransferCompat
-from .payload_io import all_groups_plan, decode_rows, encode_rows, group_kind, transfer_compat
+from .payload_io import decode_rows, encode_rows, transfer_compat
 
 FIRST_TOKEN = "aux.first_token"  # one int64 row
 RNG_STATE = "aux.rng_state"  # one row: the CPU torch.Generator state (mt19937), for non-greedy requests
@@ -33,16 +34,10 @@ class StateMismatch(ValueError):
     """Rows that do not form the state the manifest describes."""
 
 
-def _wire_row_bytes(cfg: V41Config, window: int, row_format: str, dtype: torch.dtype) -> dict[str, int]:
-    """Row bytes per cache-group kind in a row format (the asymmetric manifest has every kind)."""
-    groups = all_groups_plan(cfg, window, "asym-exact-encoder").manifest(row_format, dtype).groups
-    return {group_kind(g.name): g.row_bytes for g in groups}
-
-
 def state_manifest(split: SplitPlan, row_format: str, dtype: torch.dtype, sampled: bool) -> PayloadManifest:
     """The symmetric payload of one request: its cache groups, then the aux rows (`sampled`: non-greedy)."""
-    sizes = _wire_row_bytes(split.config, split.window, row_format, dtype)
-    groups = [RowGroup(g.name, sizes[group_kind(g.name)], g.num_rows) for g in split.symmetric_manifest().groups]
+    groups = [RowGroup(g.name, parse_group(g.name).row_bytes(split.config, row_format, dtype), g.num_rows)
+              for g in split.symmetric_manifest().groups]
     groups.append(RowGroup(FIRST_TOKEN, 8, 1))
     if sampled:
         groups.append(RowGroup(RNG_STATE, RNG_STATE_BYTES, 1))
@@ -69,13 +64,13 @@ def extract_state(cache: RequestCache, manifest: PayloadManifest, groups: tuple[
     for g in manifest.groups:
         if g.name in AUX_GROUPS or (groups is not None and g.name not in groups):
             continue
-        kind, layer = g.name.split(".L")
-        if kind == "tail":
-            tail = cache.tail(int(layer))
+        group = parse_group(g.name)
+        if group.kind is GroupKind.TAIL:
+            tail = cache.tail(group.layer)
             if tail is None:
                 raise StateMismatch(f"{g.name}: the cache holds no compressor tail")
             rows[g.name] = tail.clone()
-        elif kind == "swa":
+        elif group.kind is GroupKind.SWA:
             stored = cache.rows(g.name)
             rows[g.name] = stored.read(stored.end - g.num_rows, stored.end).clone()
         else:
@@ -110,8 +105,7 @@ def check_state_rows(cfg: V41Config, rows: Mapping[str, torch.Tensor], prompt_le
     """The cache rows (aux rows aside) are exactly the symmetric manifest's groups and row counts."""
     expected = {g.name: g.num_rows for g in SplitPlan(cfg, prompt_len, cfg.sliding_window, "exact")
                 .symmetric_manifest().groups}
-    got = {name: (1 if name.startswith("tail") else t.shape[0]) for name, t in rows.items()
-           if name not in AUX_GROUPS}
+    got = {name: row_count(name, t) for name, t in rows.items() if name not in AUX_GROUPS}
     if got != expected:
         missing, extra = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
         wrong = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])

@@ -18,13 +18,13 @@ from typing import Any, AsyncIterator
 import numpy as np
 import torch
 
+from ...cache.groups import ships_at_end, streams
 from ...model import V41Model
 from ...split import SplitPlan
 from ..engine_api import FinishReason, GenerateRequest, TokenEvent
 from .decode_base import DecodeEngineBase
 from .full_prefill import prefill_locally, prefill_prompt, sample_first
 from .options import EngineOptions, check_mode_semantics
-from .payload_io import group_kind
 from .prefill_base import PrefillEngineBase
 from .request_state import (AUX_GROUPS, FIRST_TOKEN, aux_rows, cache_bytes, decode_state_rows,
                             encode_state_rows, extract_state, restore_generator, state_compat, state_manifest)
@@ -53,7 +53,7 @@ class SymmetricPrefillEngine(PrefillEngineBase):
     def compute_and_send(self, req: GenerateRequest, split: SplitPlan, sender, slots) -> dict[str, Any]:
         manifest = sender.manifest
         sent = {g.name: 0 for g in manifest.groups}
-        streamed = [g for g in manifest.groups if group_kind(g.name) in ("kv", "index")]
+        streamed = [g for g in manifest.groups if streams(g.name)]
         meta = {"prompt_tokens_computed": split.prompt_len, "state_bytes": cache_bytes(manifest),
                 "prefill_compute_s": 0.0}
         self._seed += 1
@@ -74,8 +74,7 @@ class SymmetricPrefillEngine(PrefillEngineBase):
             token, generator = sample_first(logits, req.sampling, self._seed)
             meta["prefill_compute_s"] = time.perf_counter() - t0 - shipping[0]
             self.ship_ready(sender, cache, streamed, slots, sent)
-            final = extract_state(cache, manifest, tuple(g.name for g in manifest.groups
-                                                         if group_kind(g.name) in ("swa", "tail")))
+            final = extract_state(cache, manifest, tuple(g.name for g in manifest.groups if ships_at_end(g.name)))
             final.update(aux_rows(token, generator))
             for name, rows in final.items():
                 self.ship(sender, name, rows, slots, sent)

@@ -10,7 +10,7 @@ import time
 from ...config import V41Config
 from ...transfer import KVPoll, RowPool, TransferCompat, TransferConfig
 from .options import EngineOptions
-from .payload_io import group_kind
+from ...cache import GroupKind, cache_group
 
 POLL_S = 0.002
 # Staged transfers (transfer/extents.py): P's staging and D's landing buffer. A request whose payload
@@ -25,12 +25,12 @@ def row_format_for(options: EngineOptions) -> str:
 
 def rows_per_request(cfg: V41Config, options: EngineOptions, group: str) -> int:
     """Most rows of `group` one request can ship (window rows: at most one window; aux rows: one)."""
-    kind = group_kind(group)
-    if kind in ("kv", "index"):
-        return options.max_total_tokens // cfg.compress_ratios[int(group.split(".L")[1])] + 1
-    if kind == "swa":
+    gid = cache_group(group)
+    if gid is None or gid.kind is GroupKind.TAIL:
+        return 1  # compressor tails and aux rows
+    if gid.kind is GroupKind.SWA:
         return cfg.sliding_window
-    return 1  # compressor tails and aux rows
+    return options.max_total_tokens // gid.tokens_per_row(cfg) + 1
 
 
 def make_pools(cfg: V41Config, options: EngineOptions, compat: TransferCompat) -> dict[str, RowPool]:

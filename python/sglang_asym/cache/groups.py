@@ -1,0 +1,150 @@
+"""Row-group identities as typed values: (kind, layer) <-> the wire name `{kind}.L{layer}`, and the one kind -> format table.
+
+A request's cache (and its payload on the wire) is a set of row groups, one per kind and layer:
+  swa.L{i}    layer i's window KV rows                    release format fp8,   head_dim channels
+  kv.L{o}     KV owner o's compressed main-KV rows        release format nvfp4, head_dim channels
+  index.L{o}  owner o's index-key rows                    release format mxfp4, index_head_dim channels
+  tail.L{o}   ratio-2 owner o's pending token: compressor value and gate, fp32 [2, head_dim], in every format
+Names that are not cache groups (aux rows such as `aux.first_token`) have no identity: `cache_group`
+returns None for them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from ..config import V41Config
+from ..formats import row_bytes
+
+_NAME = re.compile(r"(?P<kind>[a-z_]+)\.L(?P<layer>\d+)")
+
+
+class GroupKind(str, Enum):
+    SWA = "swa"
+    KV = "kv"
+    INDEX = "index"
+    TAIL = "tail"
+
+    @property
+    def streams(self) -> bool:
+        """kv / index rows are final once their tokens are computed, so a prefill ships them chunk by
+        chunk; window rows and tails are final only when the prefix is done."""
+        return self in (GroupKind.KV, GroupKind.INDEX)
+
+
+@dataclass(frozen=True)
+class KindFormat:
+    """How a kind's rows are stored: the released packed format (None: raw fp32) and the row's channels."""
+
+    release: str | None
+    channels_attr: str  # the V41Config field giving a row's channels
+
+    def channels(self, cfg: V41Config) -> int:
+        return getattr(cfg, self.channels_attr)
+
+
+KIND_FORMATS: dict[GroupKind, KindFormat] = {
+    GroupKind.SWA: KindFormat("fp8", "head_dim"),
+    GroupKind.KV: KindFormat("nvfp4", "head_dim"),
+    GroupKind.INDEX: KindFormat("mxfp4", "index_head_dim"),
+    GroupKind.TAIL: KindFormat(None, "head_dim"),  # value and gate, two fp32 rows of head_dim
+}
+TAIL_ENCODING = "float32-value-gate"
+ROW_FORMATS = ("model", "release")  # wire row formats: the model dtype, or the release's packed formats
+
+
+@dataclass(frozen=True)
+class GroupId:
+    """One row group: its kind and its layer (the window layer for swa, the KV owner otherwise)."""
+
+    kind: GroupKind
+    layer: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", GroupKind(self.kind))
+        if type(self.layer) is not int or self.layer < 0:
+            raise ValueError(f"a row group's layer must be a non-negative integer, got {self.layer!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value}.L{self.layer}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def format(self) -> KindFormat:
+        return KIND_FORMATS[self.kind]
+
+    def tokens_per_row(self, cfg: V41Config) -> int:
+        """Prompt tokens one row covers: 1 for window rows, the owner's compress ratio for kv/index, 0 for tails."""
+        if self.kind is GroupKind.SWA:
+            return 1
+        return 0 if self.kind is GroupKind.TAIL else cfg.compress_ratios[self.layer]
+
+    def row_bytes(self, cfg: V41Config, row_format: str, dtype: torch.dtype) -> int:
+        """Bytes of one row on the wire: `model` rows in the model dtype, `release` rows packed (tails: fp32)."""
+        if row_format not in ROW_FORMATS:
+            raise ValueError(f"row format must be one of {ROW_FORMATS}, got {row_format!r}")
+        fmt = self.format
+        if fmt.release is None:
+            return 2 * fmt.channels(cfg) * 4
+        if row_format == "release":
+            return row_bytes(fmt.release, fmt.channels(cfg))
+        return fmt.channels(cfg) * torch.empty((), dtype=dtype).element_size()
+
+
+def cache_group(name: str) -> GroupId | None:
+    """The identity of a cache group's name, or None for a name of another shape (aux rows)."""
+    m = _NAME.fullmatch(name)
+    if m is None or m["kind"] not in GroupKind._value2member_map_:
+        return None
+    return GroupId(GroupKind(m["kind"]), int(m["layer"]))
+
+
+def parse_group(name: str) -> GroupId:
+    """The identity of a cache group's name (`swa.L3`, `kv.L2`, ...); anything else is refused."""
+    group = cache_group(name)
+    if group is None:
+        raise ValueError(f"{name!r} is not a cache row group (expected one of "
+                         f"{[k.value + '.L<layer>' for k in GroupKind]})")
+    return group
+
+
+def streams(name: str) -> bool:
+    """A cache group whose rows ship chunk by chunk (kv, index)."""
+    group = cache_group(name)
+    return group is not None and group.kind.streams
+
+
+def ships_at_end(name: str) -> bool:
+    """A cache group whose rows ship once the prefix is done (swa, tail); aux rows are neither."""
+    group = cache_group(name)
+    return group is not None and not group.kind.streams
+
+
+def row_count(name: str, rows: torch.Tensor) -> int:
+    """Rows a group's tensor holds: a tail's [2, head_dim] (value, gate) is one row; names that are not
+    cache groups count their first dimension."""
+    group = cache_group(name)
+    return 1 if group is not None and group.kind is GroupKind.TAIL else rows.shape[0]
+
+
+def swa_group(layer: int) -> str:
+    return GroupId(GroupKind.SWA, layer).name
+
+
+def kv_group(owner: int) -> str:
+    return GroupId(GroupKind.KV, owner).name
+
+
+def index_group(owner: int) -> str:
+    return GroupId(GroupKind.INDEX, owner).name
+
+
+def tail_group(owner: int) -> str:
+    return GroupId(GroupKind.TAIL, owner).name
