@@ -1,5 +1,5 @@
 """The decode loop runs every forward through the model runner at the graph shape `sched.graphs` picks
-for the planned step: a window-only step under ROW_BUCKET, a mixed step under BREAKABLE (or, in
+for the planned step (once, in the scheduler's step): a window-only step under ROW_BUCKET, a mixed step under BREAKABLE (or, in
 separate mode, a FULL decode forward then a ROW_BUCKET window forward), decode-only steps under FULL
 at the batch bucket; step records and the runner's counters say so exactly, and the tokens equal the
 reference model's."""
@@ -18,7 +18,8 @@ from sglang_asym.model.steps import greedy_continue
 from sglang_asym.runtime.engine.decode_loop import ActiveRequest, DecodeLoop
 from sglang_asym.runtime.engine.options import EngineOptions
 from sglang_asym.runtime.engine_api import SamplingParams
-from sglang_asym.sched import SchedulerConfig
+from sglang_asym.sched import SchedulerConfig, choose_graphs
+from sglang_asym.sched import scheduler as scheduler_module
 from sglang_asym.split import SplitPlan
 
 SIZING = CacheSizing(max_requests=5, max_tokens=512, max_chunk_tokens=128)
@@ -89,9 +90,17 @@ PADDED = {"mixed": 128 + 48 + 4 * 4 + 1, "separate": 128 + 2 + 128 + 4 * 4 + 1}
 @pytest.mark.parametrize("backend,quant", [("eager", "release"), ("emulated_graph", "release"),
                                            ("emulated_graph", "none")])
 @pytest.mark.parametrize("mode", ["mixed", "separate"])
-def test_served_steps_count_forwards_by_graph_shape(models, mode, backend, quant):
+def test_served_steps_count_forwards_by_graph_shape(models, mode, backend, quant, monkeypatch):
     model = models[quant]
+    chosen = []  # the scheduler chooses each step's graphs once; the loop runs them as chosen
+
+    def counted(plan, config):
+        chosen.append(plan.step)
+        return choose_graphs(plan, config)
+
+    monkeypatch.setattr(scheduler_module, "choose_graphs", counted)
     tokens, errors, steps, stats = _serve(model, mode, backend)
+    assert chosen == [s.step for s in steps]
     assert tokens == _reference(model)
     assert all(e is None for e in errors.values())
     assert [(s.decode_rows, s.window_rows, s.graphs) for s in steps] == (MIXED if mode == "mixed" else SEPARATE)

@@ -95,6 +95,14 @@ class StepRows:
         return int(self.tokens.numel())
 
 
+def forward_kind(rows: Sequence[StepRows]) -> ForwardKind:
+    """What a forward over these rows is: decode-only, window-only or mixed."""
+    kinds = {r.kind for r in rows}
+    if len(kinds) > 1:
+        return ForwardKind.MIXED
+    return ForwardKind.DECODE if kinds == {RowKind.DECODE} else ForwardKind.WINDOW
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """Where each request's rows sit among the forward's `rows` (padded) rows."""
@@ -231,18 +239,15 @@ class GraphRunner:
         """The shape `sched.graphs` picks for these rows (decode-only, window-only or mixed)."""
         if not rows:
             raise ValueError("a step needs at least one request's rows")
-        kinds = {r.kind for r in rows}
-        graphs = self.config.graphs
-        if kinds == {RowKind.DECODE}:
+        forward, graphs = forward_kind(rows), self.config.graphs
+        if forward is ForwardKind.DECODE:
             return choose_decode_graph([r.num_rows for r in rows], self.config.verify_width, graphs)
-        if kinds == {RowKind.WINDOW}:
+        if forward is ForwardKind.WINDOW:
             return choose_window_graph([r.num_rows for r in rows], graphs)
         return choose_mixed_graph(len(rows), sum(r.num_rows for r in rows), graphs)
 
     def _check_choice(self, choice: GraphChoice, rows: Sequence[StepRows]) -> None:
-        kinds = {r.kind for r in rows}
-        expected = ForwardKind.MIXED if len(kinds) > 1 else (
-            ForwardKind.DECODE if kinds == {RowKind.DECODE} else ForwardKind.WINDOW)
+        expected = forward_kind(rows)
         if choice.forward is not expected:
             raise ValueError(f"graph choice is for a {choice.forward.value} forward, the rows make a {expected.value} one")
         total = sum(r.num_rows for r in rows)

@@ -4,7 +4,7 @@ and decode steps, samples, and hands token events back to the asyncio side.
 
 Every forward is ONE batched pass of the model runner (`model.graph_runner.GraphRunner`) over the rows
 of all requests in it: the decode (or speculative verify) rows of every running request and the window
-rows admitted this step, at the graph shape `sched.graphs.choose_graphs` picks for the planned step
+rows admitted this step, at the graph shapes the scheduler chose with the step (`ScheduledStep.graphs`)
 (FULL decode bucket x (1 + k), ROW_BUCKET window, BREAKABLE / EAGER mixed); on CPU the same shape
 decisions run eagerly. With `model.deterministic` (--enable-deterministic-inference) each request's rows
 run as a forward of their own instead, so its tokens do not depend on the batch. Step semantics follow a GPU forward: in a mixed step every token of the step is
@@ -30,10 +30,10 @@ import torch
 from ...asym import PrefixState, install_prefix
 from ...cache import CacheSet, OutOfPages, RequestCache
 from ...model import V41Model
-from ...model.graph_runner import Backend, GraphRunner, RowKind, RunnerStats, StepFailed, StepRows
+from ...model.graph_runner import Backend, GraphRunner, RowKind, RunnerStats, StepFailed, StepRows, forward_kind
 from ...model.model import SegmentInput, SegmentOutput
-from ...sched import ForwardKind, GraphChoice, Scheduler, SchedulerConfig, StepMode, choose_graphs
-from ...speculative import (AcceptanceStats, Drafter, Sampling, SpecRequest, accept, check_draft_len, commit,
+from ...sched import GraphChoice, Scheduler, SchedulerConfig, StepMode
+from ...speculative import (AcceptanceStats, Drafter, SpecRequest, accept, check_draft_len, commit,
                             drafter_from_checkpoint, propose)
 from ...split import SplitPlan
 from ..engine_api import FinishReason, SamplingParams, TokenEvent
@@ -61,6 +61,40 @@ class ActiveRequest:
     window_done: int = 0  # window rows [B, B + window_done) already computed (chunked windows)
     draft_state: Any = None  # the drafter's context of this request (speculative decoding only)
     spec: SpecRequest | None = None  # speculative decode state once the request has a token to draft from
+
+
+# ---- the inbox: what other threads post to the loop thread ----------------------------------------
+@dataclass(frozen=True)
+class Wake:
+    """Nothing to do but look at the stop flag (stop() posts it so a blocked drain returns)."""
+
+
+@dataclass(frozen=True)
+class Submit:
+    """A request whose window runs here (its prefix state arrived or it has none)."""
+
+    request: ActiveRequest
+
+
+@dataclass(frozen=True)
+class Abort:
+    """End a request (if still here) with FinishReason.abort(reason)."""
+
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Join:
+    """A request whose whole prompt ran elsewhere: `install` builds its cache on the loop thread and
+    `first_token` is emitted at once."""
+
+    request: ActiveRequest
+    first_token: int
+    install: Callable[[CacheSet], RequestCache]
+
+
+InboxMessage = Wake | Submit | Abort | Join
 
 
 @dataclass(frozen=True)
@@ -113,10 +147,6 @@ def load_drafter(model: V41Model, model_path: str, num_draft_tokens: int) -> Dra
     return drafter_from_checkpoint(model, model_path) if num_draft_tokens else None
 
 
-def _sampling(params: SamplingParams) -> Sampling:
-    return Sampling(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
-
-
 class DecodeLoop:
     def __init__(self, model: V41Model, cache_set: CacheSet, sched_config: SchedulerConfig,
                  eos_token_id: int, on_step: Callable[[StepRecord], None] | None = None,
@@ -148,7 +178,7 @@ class DecodeLoop:
         self._graph_stats = self.runner.stats()
         self.window_chunk = sched_config.chunk_rows
         self.on_step = on_step
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self._requests: dict[str, ActiveRequest] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
@@ -169,21 +199,21 @@ class DecodeLoop:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        self._inbox.put(("wake", None))
+        self._inbox.put(Wake())
         self._thread.join(timeout)
 
     def submit(self, request: ActiveRequest) -> None:
-        self._inbox.put(("add", request))
+        self._inbox.put(Submit(request))
 
     def abort(self, rid: str, reason: str = "Aborted") -> None:
-        self._inbox.put(("abort", (rid, reason)))
+        self._inbox.put(Abort(rid, reason))
 
     def submit_running(self, request: ActiveRequest, first_token: int,
                        install: Callable[[CacheSet], RequestCache]) -> None:
         """Join a request whose whole prompt ran elsewhere (symmetric PD's prefill worker, a colocated
         exact prefill): `install` builds its cache on the loop thread, `first_token` is emitted at once
         and fed to its first decode step, `request.generator` continues the first token's RNG stream."""
-        self._inbox.put(("join", (request, first_token, install)))
+        self._inbox.put(Join(request, first_token, install))
 
     @property
     def active_requests(self) -> int:
@@ -215,7 +245,7 @@ class DecodeLoop:
             t0 = time.perf_counter()
             plan = step.plan
             events: list[Emission] = []
-            planned = choose_graphs(plan, self.sched_config)
+            planned = step.graphs  # the scheduler chose each forward's graph shape with the plan
             decode = self._decode_work(plan, events)
             windows = self._window_work(plan, events)
             stats = _StepTally()
@@ -242,16 +272,19 @@ class DecodeLoop:
         except queue.Empty:
             return
         while True:
-            kind, payload = item
-            if kind == "add":
-                self._add(payload)
-            elif kind == "abort":
-                rid, reason = payload
-                req = self._requests.get(rid)
-                if req is not None:
-                    self._flush([self._finish(req, FinishReason.abort(reason))])
-            elif kind == "join":
-                self._join(*payload)
+            match item:
+                case Submit(request):
+                    self._add(request)
+                case Abort(rid, reason):
+                    req = self._requests.get(rid)
+                    if req is not None:
+                        self._flush([self._finish(req, FinishReason.abort(reason))])
+                case Join(request, first_token, install):
+                    self._join(request, first_token, install)
+                case Wake():
+                    pass
+                case _:
+                    raise TypeError(f"the decode loop's inbox got {item!r}, not an InboxMessage")
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -309,7 +342,7 @@ class DecodeLoop:
             k = self._draft_len(req) if req.spec is not None else 0
             if k:
                 try:
-                    draft, probs = propose(self.drafter, req.spec, k, _sampling(req.sampling), req.generator)
+                    draft, probs = propose(self.drafter, req.spec, k, req.sampling.token_sampling, req.generator)
                 except Exception as exc:  # a drafter failure ends this request only
                     logger.exception("drafting for %s failed", req.rid)
                     events.append(self._finish(req, None, error=f"drafting failed: {exc}"))
@@ -428,10 +461,7 @@ class DecodeLoop:
     def _choice(self, rows: list[StepRows], planned: tuple[GraphChoice, ...]) -> GraphChoice:
         """The planned graph of this forward, or the same decision for the rows it really holds (drafts cut
         short near max_new_tokens, plain rows of a request without drafter context, a request that left)."""
-        kinds = {r.kind for r in rows}
-        forward = ForwardKind.MIXED if len(kinds) > 1 else (
-            ForwardKind.DECODE if kinds == {RowKind.DECODE} else ForwardKind.WINDOW)
-        total = sum(r.num_rows for r in rows)
+        forward, total = forward_kind(rows), sum(r.num_rows for r in rows)
         for choice in planned:
             if (choice.forward, choice.num_requests, choice.actual_rows) == (forward, len(rows), total):
                 logger.debug("%s forward: %d requests, %d rows as %s %s", forward.value, len(rows), total,
@@ -500,7 +530,7 @@ class DecodeLoop:
             stats.plain_tokens += 1
             return self._take_tokens(req, [token])
         k = len(item.draft.tokens)
-        emitted = accept(item.draft.tokens, item.draft_probs, out.logits, _sampling(req.sampling), req.generator)
+        emitted = accept(item.draft.tokens, item.draft_probs, out.logits, req.sampling.token_sampling, req.generator)
         commit(self.drafter, req.spec, item.start, k, emitted, out.captured)
         stats.spec.record(k, len(emitted) - 1)
         return self._take_tokens(req, emitted)
