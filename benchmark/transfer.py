@@ -41,7 +41,9 @@ from sglang_asym.config import V41Config
 from sglang_asym.manifest import PayloadManifest
 from sglang_asym.split import SplitPlan
 from sglang_asym.transfer import RowFormat, TransferCompat, TransferConfig
-from sglang_asym.transfer.loopback_rpc import AgentProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test support: the loopback harness
+from support.loopback_rpc import AgentProcess  # noqa: E402
 
 W = 128
 LENGTHS = (512, 2048, 8192, 32768)
@@ -96,7 +98,7 @@ STAGED_BYTES = 64 << 20  # landing zone on D and staging buffer on P (the larges
 def _pair(config: TransferConfig, compat: TransferCompat, caps: dict[str, int]) -> tuple[AgentProcess, AgentProcess]:
     common = dict(env={"MC_LOG_LEVEL": "ERROR"}, config=config, compat=compat, capacities=caps,
                   churn_block=128)  # 128-row runs, the same slots in both pairs (same seeds)
-    target = "sglang_asym.transfer.loopback_agents:"
+    target = "support.loopback_agents:"
     return AgentProcess(target + "PrefillAgent", **common), AgentProcess(target + "DecodeAgent", **common)
 
 

@@ -12,7 +12,7 @@ import pytest
 from transfer import transfer_cases   # test/transfer's shared setup (test/ is on the path)
 from transfer.transfer_cases import CONFIG, SUCCESS, TERMINAL, AgentPair, asym_groups
 
-from sglang_asym.transfer.loopback_rpc import AgentProcess
+from support.loopback_rpc import AgentProcess
 
 STAGED = dataclasses.replace(CONFIG, landing_bytes=4 << 20, staging_bytes=4 << 20)
 KERNEL_ENV = {**transfer_cases.AGENT_ENV, "SGLANG_ASYM_STAGING_COPY": "triton"}

@@ -12,10 +12,9 @@ from sglang_asym.config import V41Config
 from sglang_asym.runtime.metrics import EngineMetrics
 from sglang_asym.runtime.pool_accounting import (TransferPoolUsage, TransferUsage, allocator_pools, slot_report_pools,
                                                  snapshot)
-from sglang_asym.transfer.decode_slots import DecodeSlots
 from sglang_asym.transfer.extents import LANDING_POOL, ExtentAllocator
 from sglang_asym.transfer.regions import RegisteredRegions
-from sglang_asym.transfer.slot_pool import SlotAllocator
+from sglang_asym.transfer.slots import DecodeSlots, SlotAllocator
 
 # tiny: owners 1, 3 (ratio 2, with tails) and 5 (ratio 1); 2 requests of 256 tokens, 16-row pages:
 # swa pools 2 * (ceil((256 + 128 + 16 + 16) / 16) + 1) = 54 pages, kv.L1/L3 2 * (ceil(129 / 16) + 1) = 20,

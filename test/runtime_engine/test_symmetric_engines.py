@@ -16,7 +16,7 @@ from sglang_asym.runtime.engine.colocated import ColocatedEngine
 from sglang_asym.runtime.engine.request_state import RNG_STATE_BYTES
 from sglang_asym.runtime.engine_api import GenerateRequest, SamplingParams
 from sglang_asym.split import SplitPlan
-from sglang_asym.transfer.loopback_rpc import AgentProcess
+from support.loopback_rpc import AgentProcess
 
 pytestmark = pytest.mark.timeout(300)
 SEED, W = 4, 128

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
 from sglang_asym.runtime.server_process import start_server, wait_healthy
-from sglang_asym.transfer.loopback_rpc import AgentProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))  # test support: the loopback harness
+from support.loopback_rpc import AgentProcess  # noqa: E402
 
 
 def main(checkpoint: Path, logs: Path) -> None:

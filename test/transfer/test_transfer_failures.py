@@ -12,7 +12,7 @@ import zmq
 import transfer_cases
 from transfer_cases import CONFIG, FAILED, SUCCESS, TERMINAL, WAITING, asym_groups, free_port
 
-from sglang_asym.transfer.loopback_rpc import AgentError
+from support.loopback_rpc import AgentError
 
 N = 4097
 GROUPS = asym_groups(N)

@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 
 from sglang_asym.manifest import PayloadManifest, RowGroup
-from sglang_asym.transfer.decode_slots import DecodeSlots
 from sglang_asym.transfer.errors import SlotsExhaustedError
-from sglang_asym.transfer.quarantine import Quarantine
-from sglang_asym.transfer.slot_pool import SlotAllocator
+from sglang_asym.transfer.slots import DecodeSlots, Quarantine, SlotAllocator
 
 
 def test_fresh_allocations_are_ascending_then_follow_frees() -> None:

@@ -9,7 +9,7 @@ import socket
 import time
 
 from sglang_asym.transfer import KVPoll, RowFormat, TransferCompat, TransferConfig
-from sglang_asym.transfer.loopback_rpc import AgentProcess
+from support.loopback_rpc import AgentProcess
 
 W = 128
 RATIO2_OWNERS = (2, 8, 14)
@@ -43,8 +43,8 @@ SMALL_CAPACITIES = {f.group: 64 if f.group == "tails" else 4096 for f in ROW_FOR
 CONFIG = TransferConfig(bootstrap_timeout_s=3.0, waiting_timeout_s=30.0, heartbeat_interval_s=0.1,
                         peer_timeout_s=1.0, quarantine_grace_s=4.0, write_timeout_s=1)
 AGENT_ENV = {"MC_LOG_LEVEL": "ERROR"}
-PREFILL = "sglang_asym.transfer.loopback_agents:PrefillAgent"
-DECODE = "sglang_asym.transfer.loopback_agents:DecodeAgent"
+PREFILL = "support.loopback_agents:PrefillAgent"
+DECODE = "support.loopback_agents:DecodeAgent"
 
 TERMINAL = [int(KVPoll.Failed), int(KVPoll.Success)]
 SUCCESS, FAILED = int(KVPoll.Success), int(KVPoll.Failed)

@@ -9,19 +9,18 @@ Modules (one job each):
     bootstrap       SGLang-compatible bootstrap HTTP server; bootstrap_client talks to it
     engine, regions Mooncake wrapper (return codes -> exceptions), registered-memory checks
     row_pool, runs  pools of fixed-size rows; slot-run coalescing
-    slot_pool, quarantine, decode_slots   destination slot ownership on D
+    slots           slot ownership: a pool's allocator, the quarantine of failed rooms, D's ledger
     extents, staging  staged transfers: P's staging and D's landing extents (a room in a few entries)
     checksum        per-group CRC32C over rows in row order (P folds rows in as send_rows hands them over)
     prefill_manager, prefill_room, prefill_writer   P side (PrefillTransferManager and its per-request Sender)
-    decode_manager, decode_room, decode_slots, decode_verifier   D side (DecodeTransferManager and its
+    decode_manager, decode_room, decode_verifier   D side (DecodeTransferManager and its
                     per-request Receiver; the verifier re-reads every destination row after P's completion)
-    loopback_rpc, loopback_common, loopback_agents   spawned P/D agents for tests and benchmarks
 """
 
 from sglang_asym.transfer.compat import RowFormat, TransferCompat
 from sglang_asym.transfer.config import TransferConfig
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
-from sglang_asym.transfer.slot_pool import SlotAllocator
+from sglang_asym.transfer.slots import SlotAllocator
 
 __all__ = ["KVPoll", "RowFormat", "RowPool", "SlotAllocator", "TransferCompat", "TransferConfig"]

@@ -25,7 +25,6 @@ from sglang_asym.transfer.channel import Channel, PeerUnreachableError
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.config import TransferConfig, stall_threshold
 from sglang_asym.transfer.decode_room import DecodeRoom, destinations, landed_rows
-from sglang_asym.transfer.decode_slots import DecodeSlots
 from sglang_asym.transfer.decode_verifier import CompletionVerifier
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import DuplicateRoomError
@@ -36,7 +35,7 @@ from sglang_asym.transfer.messages import (DecodeAbort, Ping, Pong, PrefillFaile
                                            TransferVerdict, check_room)
 from sglang_asym.transfer.poll import KVPoll
 from sglang_asym.transfer.row_pool import RowPool
-from sglang_asym.transfer.slot_pool import SlotAllocator
+from sglang_asym.transfer.slots import DecodeSlots, SlotAllocator
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from ...transfer.bootstrap import BootstrapServer
 from ...transfer.engine import MooncakeEngine
 from ...transfer.errors import DuplicateRoomError, SlotsExhaustedError
 from ...transfer.prefill_manager import PrefillTransferManager
-from ...transfer.slot_pool import SlotAllocator
+from ...transfer.slots import SlotAllocator
 from ..engine_api import (BootstrapRoomInUseError, EngineOverloadedError, EngineRole, FinishReason,
                           GenerateRequest, TokenEvent)
 from ..pool_accounting import TransferUsage, allocator_pools

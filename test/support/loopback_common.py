@@ -11,7 +11,7 @@ import numpy as np
 from sglang_asym.manifest import PayloadManifest, RowGroup
 from sglang_asym.transfer.compat import TransferCompat
 from sglang_asym.transfer.row_pool import RowPool
-from sglang_asym.transfer.slot_pool import SlotAllocator
+from sglang_asym.transfer.slots import SlotAllocator
 
 GroupSpec = tuple[str, int, int]  # (name, row_bytes, num_rows), picklable manifest form
 

@@ -2,7 +2,7 @@
 Mooncake engine, its row pools and its transfer manager, and fills or checks rows with a
 deterministic byte pattern so the driver can verify every byte that moved.
 
-Run them with `loopback_rpc.AgentProcess("sglang_asym.transfer.loopback_agents:PrefillAgent", ...)`.
+Run them with `loopback_rpc.AgentProcess("support.loopback_agents:PrefillAgent", ...)`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sglang_asym.transfer.decode_room import landed_rows
 from sglang_asym.transfer.extents import LANDING_POOL
 from sglang_asym.transfer.engine import MooncakeEngine
 from sglang_asym.transfer.errors import EngineError, UnregisteredMemoryError
-from sglang_asym.transfer.loopback_common import (GroupSpec, churned_allocator, make_pools, manifest_from,
+from support.loopback_common import (GroupSpec, churned_allocator, make_pools, manifest_from,
                                                   pattern_rows, wait_for)
 from sglang_asym.transfer.prefill_manager import PrefillTransferManager
 from sglang_asym.transfer.staging import copy_mode, scatter_rows
