@@ -67,13 +67,39 @@ def prompt_of(n: int) -> list[int]:
     return ids(n, seed=n)
 
 
+def equal_pool_dumps(dumps: Path, count: int) -> list[tuple[int, dict]]:
+    """The pool dumps (pool_dump.py) of `count` transferred requests: each request's groups read out of P's
+    pool and out of D's are the same groups, byte for byte. Returns (num_tokens, P's groups) per request."""
+    import numpy as np
+
+    rooms = sorted(path.name.removeprefix("decode-") for path in dumps.glob("decode-*.npz"))
+    assert len(rooms) == count and sorted(p.name.removeprefix("prefill-") for p in dumps.glob("prefill-*.npz")) == rooms
+    out = []
+    for room in rooms:
+        p, d = np.load(dumps / f"prefill-{room}"), np.load(dumps / f"decode-{room}")
+        n = int(p["num_tokens"])
+        assert int(d["num_tokens"]) == n and sorted(p.files) == sorted(d.files)
+        groups = {name: p[name] for name in p.files if name != "num_tokens"}
+        for name, rows in groups.items():
+            assert np.array_equal(rows, d[name]), (n, name)
+        out.append((n, groups))
+    return out
+
+
+def metric_sum(server: ServerProcess, name: str) -> float | None:
+    """The sum of every series of metric `name` on a server's /metrics (None: no such series)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
+        values = [float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                  if line.startswith((name + "{", name + " "))]
+    return sum(values) if values else None
+
+
 def used_tokens(server: ServerProcess) -> float:
     """SGLang's own sglang:num_used_tokens gauge of a server."""
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("sglang:num_used_tokens"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{server.mode}: /metrics has no sglang:num_used_tokens")
+    value = metric_sum(server, "sglang:num_used_tokens")
+    if value is None:
+        raise AssertionError(f"{server.mode}: /metrics has no sglang:num_used_tokens")
+    return value
 
 
 def settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
@@ -85,3 +111,28 @@ def settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
             return used
         time.sleep(1)
     return [used_tokens(s) for s in servers]
+
+
+def greedy_together(base: str, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Greedy outputs of `prompts` sent all at once (one thread each), in prompt order; ignore_eos, so every
+    request decodes `new_tokens` steps and they share the scheduler's batches for as long as possible."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(greedy, base, prompt, new_tokens, True) for prompt in prompts]
+        return [f.result() for f in futures]
+
+
+def server_info(server: ServerProcess) -> dict:
+    """SGLang's /server_info of a server (its resolved server arguments among them)."""
+    import json
+
+    with urllib.request.urlopen(server.url + "/server_info", timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def forward_log(path: Path) -> list[dict]:
+    """The reference forward's log lines (SGLANG_ASYM_FORWARD_LOG, a test aid), oldest first."""
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -1,0 +1,118 @@
+"""The step-time cost of `--enable-deterministic-inference` in SGLang's own engine on CPU, off and on side by side.
+
+Starts the flag-off and flag-on stacks together (the colocated `null` server; with --pair also asym-prefill +
+asym-decode behind sglang-router), all on the small generated checkpoint SGLang's tests use, and runs the
+same work on each in turn, alternating off / on for --rounds rounds so both see the same machine load: one
+greedy target prompt alone, then the target inside 8 concurrent requests (short prompts and windows). The
+reference forward's log (SGLANG_ASYM_FORWARD_LOG) gives every forward's wall time: the mean of the decode
+forwards at 8 rows and of the extend forwards (prompts on the colocated server, window steps on D), per
+stack and flag, and their on / off ratios. Also records whether the target's tokens alone equal those in
+the batch. Writes benchmark/results/deterministic_sglang_engine.json.
+
+    .venv/bin/python benchmark/deterministic_sglang_engine.py [--pair] [--rounds 2] [--new-tokens 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "test"))
+
+from system.helpers import serving  # noqa: E402
+from system.sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of,  # noqa: E402
+                                   sglang_server, write_sglang_checkpoint)
+
+from sglang_asym.runtime.router_launch import RouterFlavor  # noqa: E402
+
+RESULTS = ROOT / "benchmark" / "results"
+FLAG = "--enable-deterministic-inference"
+TARGET = 140
+OTHERS = (130, 3, 9, 1, 17, 5, 200)  # with the target: 8 requests, three of them windows (N > W = 128)
+
+
+def summarize(lines: list[dict]) -> dict:
+    decode8 = [f["seconds"] for f in lines if f["mode"] == "decode" and len(f["rows"]) == 8]
+    extend = [f["seconds"] for f in lines if f["mode"] == "extend"]
+    extend_rows = [sum(end - start for _, start, end in f["rows"]) for f in lines if f["mode"] == "extend"]
+    return {"decode_forwards_at_8": len(decode8), "decode_step_at_8_s": statistics.mean(decode8) if decode8 else None,
+            "extend_forwards": len(extend), "extend_forward_s": statistics.mean(extend) if extend else None,
+            "extend_rows_per_forward": statistics.mean(extend_rows) if extend_rows else None}
+
+
+def measure(name: str, bases: dict[str, str], logs: dict[str, Path], rounds: int, new_tokens: int) -> dict:
+    target, others = prompt_of(TARGET), [prompt_of(n) for n in OTHERS]
+    lines: dict[str, list[dict]] = {"off": [], "on": []}
+    equal: dict[str, list[bool]] = {"off": [], "on": []}
+    for r in range(rounds):
+        for flag in ("off", "on"):
+            alone = greedy(bases[flag], target, new_tokens, ignore_eos=True)
+            logs[flag].unlink(missing_ok=True)
+            started = time.perf_counter()
+            batched = greedy_together(bases[flag], [target, *others], new_tokens)[0]
+            wall = time.perf_counter() - started
+            lines[flag] += forward_log(logs[flag])
+            equal[flag].append(batched == alone)
+            print(f"{name} round {r} flag {flag}: batch of 8 in {wall:.1f} s, alone == batched: {batched == alone}",
+                  flush=True)
+    out = {flag: {**summarize(lines[flag]), "alone_equals_batched": equal[flag]} for flag in ("off", "on")}
+    out["ratio_on_over_off"] = {key: (out["on"][key] / out["off"][key] if out["on"][key] and out["off"][key] else None)
+                                for key in ("decode_step_at_8_s", "extend_forward_s")}
+    print(f"{name}: decode step at 8 requests off {out['off']['decode_step_at_8_s']:.3f} s, "
+          f"on {out['on']['decode_step_at_8_s']:.3f} s (x{out['ratio_on_over_off']['decode_step_at_8_s']:.2f}); "
+          f"extend forward off {out['off']['extend_forward_s']:.3f} s, on {out['on']['extend_forward_s']:.3f} s "
+          f"(x{out['ratio_on_over_off']['extend_forward_s']:.2f})", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", action="store_true", help="also the asym pair behind sglang-router")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=8)
+    args = parser.parse_args()
+    results: dict = {"command": "python benchmark/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
+                     "checkpoint": "sglang_shapes.sglang_small(), seed 11, release precision (the SGLang-engine tests')",
+                     "target_prompt": TARGET, "others": list(OTHERS), "new_tokens": args.new_tokens,
+                     "rounds": args.rounds, "machine": "2 CPU cores, shared (the off and on runs alternate)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        checkpoint = write_sglang_checkpoint(work / "ckpt")
+        (work / "logs").mkdir()
+
+        def start(mode: str, role: str, flag: str, *extra: str):
+            return sglang_server(mode, checkpoint, work / "logs", *extra,
+                                 env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}-{flag}.jsonl")})
+
+        servers = {f"colocated-{flag}": start("null", "colocated", flag, *((FLAG,) if flag == "on" else ()))
+                   for flag in ("off", "on")}
+        with serving(servers, timeout_s=900):
+            results["colocated"] = measure("colocated", {f: servers[f"colocated-{f}"].url for f in ("off", "on")},
+                                           {f: work / f"colocated-{f}.jsonl" for f in ("off", "on")},
+                                           args.rounds, args.new_tokens)
+        if args.pair:
+            pair = {}
+            for flag in ("off", "on"):
+                extra = (FLAG,) if flag == "on" else ()
+                pair[f"prefill-{flag}"] = start("asym-prefill", "prefill", flag, *extra)
+                pair[f"decode-{flag}"] = start("asym-decode", "decode", flag, *extra)
+            with serving(pair, timeout_s=900), \
+                    patient_router(pair["prefill-off"], pair["decode-off"], RouterFlavor.SGLANG_ROUTER) as off, \
+                    patient_router(pair["prefill-on"], pair["decode-on"], RouterFlavor.SGLANG_ROUTER) as on:
+                results["pair_decode_worker"] = measure("pair (D's forwards)", {"off": off.url, "on": on.url},
+                                                        {f: work / f"decode-{f}.jsonl" for f in ("off", "on")},
+                                                        args.rounds, args.new_tokens)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "deterministic_sglang_engine.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""SGLang's `--enable-deterministic-inference` in its own engine on CPU (`python -m sglang.launch_server --device
+cpu`): the same greedy request gives the same tokens alone and inside concurrent batches of 2 and 8 mixed with
+other requests (short prompts and windows: prompts longer than W = 128), on the colocated server and through
+the asym-prefill / asym-decode pair behind sglang-router, whose decode worker runs the windows as window
+steps beside the decoding requests. The reference forward's log (a test aid) shows the target did share
+SGLang's forwards with the others. That the outputs can differ without the flag is shown without servers
+(test/sglang_plugin/test_reference_forward_deterministic.py: batched logits differ in their last bits).
+One module-scoped stack: a colocated server and one pair, all with the flag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_asym.runtime.router_launch import RouterFlavor
+
+from .helpers import serving
+from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, server_info,
+                             sglang_server, write_sglang_checkpoint)
+
+pytestmark = pytest.mark.timeout(1200)
+
+FLAG = "--enable-deterministic-inference"
+NEW_TOKENS = 3
+TARGET = 140  # a window: B = 12, rows [12, 140) in the 32-row pieces from B
+OTHERS = (130, 3, 9, 1, 17, 5, 40)  # a batch of k is the target and the first k - 1 of these (130: a window)
+BATCHES = (2, 8)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("sglang_deterministic")
+    checkpoint = write_sglang_checkpoint(work / "ckpt")
+    logs = work / "logs"
+    logs.mkdir()
+
+    def started(mode: str, role: str):
+        return sglang_server(mode, checkpoint, logs, FLAG, env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})
+
+    servers = {"colocated": started("null", "colocated"), "prefill": started("asym-prefill", "prefill"),
+               "decode": started("asym-decode", "decode")}
+    with serving(servers, timeout_s=600):
+        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            yield {"work": work, "router": router, **servers}
+
+
+def _log(stack, role: str) -> Path:
+    return stack["work"] / f"{role}.jsonl"
+
+
+def _shared_forwards(stack, role: str, target_rows: set[tuple[int, int]]) -> int:
+    """Forwards since the log was cleared that ran one of the target's row ranges beside other requests."""
+    return sum(1 for f in forward_log(_log(stack, role))
+               if len(f["rows"]) > 1 and any((start, end) in target_rows for _, start, end in f["rows"]))
+
+
+def _alone_and_batched(stack, base: str, role: str, target_rows: set[tuple[int, int]]) -> None:
+    target = prompt_of(TARGET)
+    alone = greedy(base, target, NEW_TOKENS, ignore_eos=True)
+    for k in BATCHES:
+        _log(stack, role).unlink(missing_ok=True)
+        outputs = greedy_together(base, [target, *(prompt_of(n) for n in OTHERS[:k - 1])], NEW_TOKENS)
+        assert outputs[0] == alone, f"batch of {k}"
+        assert _shared_forwards(stack, role, target_rows) >= 1, f"batch of {k}: the target never shared a forward"
+
+
+def test_every_server_serves_with_the_flag(stack):
+    for name in ("colocated", "prefill", "decode"):
+        assert server_info(stack[name])["enable_deterministic_inference"] is True, name
+
+
+def test_colocated_server_gives_the_same_tokens_alone_and_in_batches(stack):
+    decode_rows = {(TARGET + i, TARGET + i + 1) for i in range(NEW_TOKENS - 1)}
+    _alone_and_batched(stack, stack["colocated"].url, "colocated", {(0, TARGET), *decode_rows})
+
+
+def test_the_pair_gives_the_same_tokens_alone_and_in_batches(stack):
+    window = {(start, min(start + 32, TARGET)) for start in range(TARGET - 128, TARGET, 32)}
+    decode_rows = {(TARGET + i, TARGET + i + 1) for i in range(NEW_TOKENS - 1)}
+    _alone_and_batched(stack, stack["router"].url, "decode", window | decode_rows)
