@@ -131,6 +131,7 @@ class Stack:
     decode: ServerProcess
     router: RouterProcess
     decode_args: tuple[str, ...]
+    prefill_args: tuple[str, ...]
 
     def restart_decode(self, timeout_s: float = 120.0) -> float:
         """Start D again on its port (the old process must be gone); seconds until it is healthy."""
@@ -138,6 +139,15 @@ class Stack:
         started = time.monotonic()
         self.decode = start_server("asym-decode", self.checkpoint, self.logs, *self.decode_args, port=self.decode.port)
         wait_healthy(self.decode, timeout_s)
+        return time.monotonic() - started
+
+    def restart_prefill(self, timeout_s: float = 120.0) -> float:
+        """Start P again on its HTTP and bootstrap ports (the old process must be gone); seconds until healthy."""
+        assert self.prefill.proc.poll() is not None, "restart_prefill needs P stopped first"
+        started = time.monotonic()
+        self.prefill = start_server("asym-prefill", self.checkpoint, self.logs, *self.prefill_args,
+                                    port=self.prefill.port, bootstrap_port=self.prefill.bootstrap_port)
+        wait_healthy(self.prefill, timeout_s)
         return time.monotonic() - started
 
     def stop(self) -> None:
@@ -154,7 +164,7 @@ def stack(checkpoint: Path, logs: Path, decode_extra: tuple[str, ...] = ()) -> I
     router = RouterProcess(RouterConfig(prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),),
                                         decode=(decode.url,), port=pick_free_port(), retry_max_retries=1),
                            log_path=logs / "router.log")
-    s = Stack(checkpoint, logs, prefill, decode, router, (*timeout, *decode_extra))
+    s = Stack(checkpoint, logs, prefill, decode, router, (*timeout, *decode_extra), timeout)
     try:
         wait_healthy(prefill, 120)
         wait_healthy(decode, 120)

@@ -32,6 +32,7 @@ DEAD_D_ANSWER_S = D_TRANSFER_TIMEOUT_S + 3.0
 FROZEN_S = D_TRANSFER_TIMEOUT_S + 3.0  # how long D stays stopped: past P's wait for D's handshake
 THAWED_ERROR_S = 5.0  # after SIGCONT, the request sent while D was frozen fails this long after at most
 RESTART_SERVE_S = 10.0  # from a restarted D healthy to the first request served through the router
+QUARANTINED_BACK_S = 30.0 + D_TRANSFER_TIMEOUT_S + 10.0  # TransferConfig.quarantine_grace_s after the failure
 DRAIN_EXIT_S = 15.0  # D exits this long after SIGTERM at most (its in-flight streams finish first)
 
 
@@ -262,6 +263,43 @@ def test_killed_decode_restarts_on_its_port(pair):
            decode_startup_s=round(startup_s, 3), serve_again_bound_after_healthy_s=RESTART_SERVE_S,
            serve_again_after_healthy_s=round(serve_again_s, 3),
            serve_again_after_restart_s=round(time.monotonic() - restarted, 3), pools_back=back)
+
+
+def test_killed_prefill_restarts_on_its_ports(pair):
+    """kill -9 P while a stream decodes on D: that stream (P's part done) finishes whole; requests while P is
+    dead fail within DEAD_D_ANSWER_S; P restarted on its HTTP and bootstrap ports serves again within
+    RESTART_SERVE_S of being healthy, and D takes transfers from the new P."""
+    router = pair.router.url
+    conn, resp = open_stream(router, stream_body(60, n_out=60), 60)
+    events = first_event(resp)
+    killed = time.monotonic()
+    os.kill(pair.prefill.proc.pid, signal.SIGKILL)
+    pair.prefill.proc.wait(10)
+    dead = []
+    for seed in (61, 62):
+        sent = time.monotonic()
+        status, body = post(router + "/generate", small(seed), 60)
+        dead.append((status, round(time.monotonic() - sent, 3)))
+        assert status >= 500 and "error" in body, body
+    end = read_stream(resp, killed, events)
+    conn.close()
+    assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 60
+    assert max(seconds for _, seconds in dead) < DEAD_D_ANSWER_S
+    assert health_generate(pair.decode.url) == 200
+    startup_s = pair.restart_prefill()
+    healthy = time.monotonic()
+    while post(router + "/generate", small(63), 60)[0] != 200:
+        assert time.monotonic() - healthy < RESTART_SERVE_S, "the restarted P is not served through the router"
+        time.sleep(0.2)
+    serve_again_s = time.monotonic() - healthy
+    assert all(served(router, 64 + i) for i in range(3))
+    # D's rooms of the requests P never served wait out their quarantine grace (a dead P cannot confirm)
+    back = {"prefill_s": round(wait_pools(pair.prefill, pair.start_pools["prefill"], POOLS_BACK_S), 3),
+            "decode_s": round(wait_pools(pair.decode, pair.start_pools["decode"], QUARANTINED_BACK_S), 3)}
+    record("kill9_prefill_then_restart", stream_on_decode_finished_s=round(end.seconds, 3),
+           dead_prefill_bound_s=DEAD_D_ANSWER_S, requests_while_dead=dead, prefill_startup_s=round(startup_s, 3),
+           serve_again_bound_after_healthy_s=RESTART_SERVE_S, serve_again_after_healthy_s=round(serve_again_s, 3),
+           pools_back=back)
 
 
 def test_sigterm_drains_decode(pair):
