@@ -12,7 +12,8 @@ from sglang_asym.runtime.http.server import DRAIN_KEY
 from .harness import get, parse_sse, wait_until
 
 
-def _open_stream(port: int, rid: str, max_new_tokens: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+def _open_stream(port: int, rid: str,
+                 max_new_tokens: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("POST", "/generate", json.dumps({"text": "ab", "rid": rid, "stream": True, "sampling_params": {
         "max_new_tokens": max_new_tokens, "ignore_eos": True}}), {"Content-Type": "application/json"})

@@ -49,7 +49,8 @@ def test_client_disconnect_mid_stream_frees_both_workers(tiny_checkpoint, tmp_pa
         first_event(resp)
         assert pools(d)["num_used_tokens"] > 0  # the request is decoding on D
         conn.close()
-        back = {"prefill_s": round(wait_pools(p, p0, POOLS_BACK_S), 3), "decode_s": round(wait_pools(d, d0, POOLS_BACK_S), 3)}
+        back = {"prefill_s": round(wait_pools(p, p0, POOLS_BACK_S), 3),
+                "decode_s": round(wait_pools(d, d0, POOLS_BACK_S), 3)}
         status, body = post(router.url + "/generate", {**STREAM, "sampling_params": {"max_new_tokens": 4}}, 60)
         assert status == 200 and body["meta_info"]["completion_tokens"] == 4
         record("client_disconnect_mid_stream", bound_s=POOLS_BACK_S, pools_back=back)

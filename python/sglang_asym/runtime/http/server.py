@@ -84,7 +84,8 @@ async def _refuse_while_draining(request: web.Request, handler):
 
 def build_app(engine: EngineClient, tokenizer: TextTokenizer, config: HttpServerConfig) -> web.Application:
     _install_probe_filter()
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[_refuse_while_draining, _json_internal_errors])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES,
+                          middlewares=[_refuse_while_draining, _json_internal_errors])
     app[DRAIN_KEY] = DrainState()
     app[RUNNER_KEY] = RequestRunner(engine, tokenizer)
     app[CONFIG_KEY] = config
