@@ -1,6 +1,6 @@
 """The SIGTERM drain (HttpServer.drain, the path run_http_server takes on a signal): nothing new is admitted
 (503), running requests finish inside the drain timeout, the rest end with finish_reason abort, never a
-stream that just stops; /health stays 200 meanwhile."""
+stream that just stops; /health answers 503 meanwhile."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def test_drain_refuses_new_work_and_aborts_what_outlives_it(serve, loop_thread):
     late, refused = _open_stream(front.port, "late", 2)  # a new connection: refused the same way
     assert refused.status == 503
     late.close()
-    # still healthy to the routers: they drop an unhealthy worker's running streams with a clean [DONE]
-    assert get(front.url, "/health")[0] == 200
+    assert get(front.url, "/health")[0] == 503 and get(front.url, "/health_generate")[0] == 503
+    assert get(front.url, "/server_info")[0] == 200  # introspection still answers
     events = parse_sse(resp.read())
     conn.close()
     assert drained.result(10) == ("long",)

@@ -4,11 +4,11 @@ Handlers are cancelled when the client disconnects (aiohttp's `handler_cancellat
 client that goes away mid-request reaches `engine.abort(rid)`. The app serves no `/version`: smg takes
 a worker that answers it for vLLM and then talks vLLM's PD protocol to it instead of SGLang's.
 
-SIGTERM / SIGINT drain the server: new generate requests get 503, running requests finish for up to
+SIGTERM / SIGINT drain the server: new generate requests get 503 and /health answers 503 (as SGLang's
+server does while it exits, so the routers stop sending work), running requests finish for up to
 `drain_timeout_s`, what is left is aborted (its clients see finish_reason `abort`, not a stream that just
-stops), then the server closes. It keeps listening and answering /health meanwhile: the PD routers drop a
-worker whose health check fails together with its in-flight streams, ending them with a clean `[DONE]`
-the client cannot tell from a finished answer.
+stops), then the server closes. It keeps listening meanwhile, so a router's pooled connection gets a clear
+503 rather than a reset.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from sglang_asym.runtime.http.tokenizer import TextTokenizer
 MAX_REQUEST_BYTES = 64 << 20
 ABORTED_FLUSH_S = 5.0  # after the drain, how long aborted requests get to send their last event
 _GENERATE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+_HEALTH_PATHS = frozenset({"/health", "/health_generate"})
 logger = logging.getLogger(__name__)
 
 
@@ -75,10 +76,13 @@ async def _json_internal_errors(request: web.Request, handler):
 
 @web.middleware
 async def _refuse_while_draining(request: web.Request, handler):
-    """While the server drains, no new request is admitted."""
-    if request.app[DRAIN_KEY].draining and request.path in _GENERATE_PATHS:
-        return native_error_response(ApiError(HTTPStatus.SERVICE_UNAVAILABLE,
-                                              "the server is shutting down: no new requests are admitted"))
+    """While the server drains, no new request is admitted and the routers see it unhealthy."""
+    if request.app[DRAIN_KEY].draining:
+        if request.path in _HEALTH_PATHS:
+            return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
+        if request.path in _GENERATE_PATHS:
+            return native_error_response(ApiError(HTTPStatus.SERVICE_UNAVAILABLE,
+                                                  "the server is shutting down: no new requests are admitted"))
     return await handler(request)
 
 
