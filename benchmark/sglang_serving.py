@@ -7,8 +7,10 @@ prompt through all 40 layers) and `asym-prefill` + `asym-decode` (P runs [0, N -
 KV path, D runs the last W rows). Each pair is started, measured and stopped in turn, with sglang-router
 in front. Per pair, for prompts of N tokens (streamed /generate, greedy, ignore_eos):
   TTFT and ITL (client side), P's forward seconds and rows per request (the reference forward's log,
-  SGLANG_ASYM_FORWARD_LOG), D's, and the bytes SGLang's sender moved per request (P's
-  `sglang:kv_transfer_total_mb` histogram). Ratios asym / symmetric are measured side by side in one run.
+  SGLANG_ASYM_FORWARD_LOG), D's, and the bytes on the wire per request (P's `sglang:kv_transfer_total_mb`
+  histogram: for the symmetric pair SGLang's own count of the page items its sender moves; for the asym
+  pair the rows the exact-payload manager wrote, which is the SplitPlan manifest). Ratios asym /
+  symmetric are measured side by side in one run.
 Writes benchmark/results/sglang_serving.json.
 
     .venv/bin/python benchmark/sglang_serving.py [--n 4096] [--repeats 1] [--new-tokens 16] [--threads 1]

@@ -177,6 +177,96 @@ def load(checkpoint: str) -> dict:
         }
 
 
+def _asym_kv_args(pool, mode: str, split, config_dir: str):
+    """KVArgs of one asymmetric role over `pool`, built by SGLang's own `setup_state_kv_args` with the
+    plugin's registration hook (P's also carries its pool for the exact-payload manager)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.disaggregation import utils as disagg_utils
+    from sglang.srt.disaggregation.base.conn import KVArgs
+    from sglang.srt.runtime_context import SpawnRanks
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+
+    record = ServerArgs(model_path=config_dir, device="cpu")
+    attach(record, AsymSettings(mode, window=split.window, semantics=split.semantics.value))
+    runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    kv_args = KVArgs()
+    kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = pool.get_contiguous_buf_infos()
+    kv_args.kv_layer_ids, kv_args.num_draft_entries, kv_args.engine_rank = [], 0, 0
+    disagg_utils.setup_state_kv_args(kv_args, pool)
+    return kv_args
+
+
+def _send_indices(pages, pool, split) -> tuple:
+    """What SGLang's send_kv_chunk computes for a request of B tokens: its pages, and per state
+    component the window pages up to B and the request-state rows."""
+    b, page = split.boundary, 256
+    contiguous = np.array([pages.full_pages[k] for k in range(-(-b // page))], dtype=np.int32)
+    window_start = max(0, b - split.config.sliding_window) // page * page
+    swa = [pages.swa_pages[t // page] for t in range(window_start, b, page)]
+    return contiguous, [swa, list(pool.request_state_transfer_indices(pages.req_pool_idx, b))]
+
+
+class _LocalEngine:
+    """The transfer engine's batch write as a local copy between the two pools (one process)."""
+
+    def __init__(self) -> None:
+        self.blocks: list = []
+
+    def batch_transfer_sync(self, session_id, srcs, dsts, lengths) -> int:
+        import ctypes
+
+        for src, dst, length in zip(srcs, dsts, lengths):
+            ctypes.memmove(dst, src, length)
+            self.blocks.append((src, dst, length))
+        return 0
+
+
+def _exact_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dict:
+    """The asym-prefill server's exact-payload manager (its two sends; the engine write a local copy):
+    the contiguous pages in two chunks, then the state of the last one."""
+    import types
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_asym.sglang_plugin import pool_payload as pp
+    from sglang_asym.sglang_plugin.exact_payload import POOL_ATTR, exact_manager_class
+
+    p_args = _asym_kv_args(p_pool, "asym-prefill", split, config_dir)
+    d_args = _asym_kv_args(d_pool, "asym-decode", split, config_dir)
+    setattr(p_args, POOL_ATTR, p_pool)
+    cls = exact_manager_class()
+    manager = cls.__new__(cls)
+    engine = _LocalEngine()
+    manager.__dict__.update(kv_args=p_args, engine=engine, request_status={ROOM: KVPoll.Transferring},
+                            _asym_rooms={}, _asym_lock=__import__("threading").Lock(),
+                            _asym_local=__import__("threading").local(), _asym_pool=p_pool,
+                            _asym_labels={"model_name": "check", "role": "prefill"})
+    manager.expect_asym_room(ROOM, split)
+    p_contiguous, p_state = _send_indices(p_pages, p_pool, split)
+    d_contiguous, d_state = _send_indices(d_pages, d_pool, split)
+    before = {name: t.clone() for name, t in _pool_tensors(d_pool).items()}
+    rcs = []
+    for start in range(len(p_contiguous)):  # one page per chunk
+        manager._asym_local.chunk = types.SimpleNamespace(room=ROOM, index_slice=slice(start, start + 1))
+        rcs.append(manager.send_kvcache("local", p_contiguous[start:start + 1], d_args.kv_data_ptrs,
+                                        d_contiguous[start:start + 1], None, d_args.kv_layer_ids))
+    registration = types.SimpleNamespace(dst_state_data_ptrs=d_args.state_data_ptrs,
+                                         dst_state_layer_ids=d_args.state_layer_ids)
+    request = types.SimpleNamespace(dst_state_indices=d_state, mooncake_session_id="local", room=ROOM,
+                                    decode_prefix_len=0)
+    rcs.append(manager.maybe_send_extra(request, p_state, None, registration))
+    return {
+        "rc": rcs,
+        "room_bytes": manager._asym_rooms[ROOM].bytes_sent,
+        "bytes": sum(n for _, _, n in engine.blocks),
+        "writes": len(engine.blocks),
+        "changed": sorted(n for n, t in _pool_tensors(d_pool).items() if not torch.equal(t, before[n])),
+        "back": pp.read_payload(d_pool, d_pages, split),
+    }
+
+
 def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dict:
     """The production path: SGLang's own `setup_state_kv_args` (hooked: asym_registration) builds both
     roles' KVArgs; SGLang's own `MooncakeKVManager.send_kvcache` and `maybe_send_extra` (the engine
@@ -184,27 +274,13 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
     to B; the blocks are applied to D's pool."""
     import types
 
-    from sglang.srt import runtime_context
-    from sglang.srt.disaggregation import utils as disagg_utils
-    from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll
+    from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
-    from sglang.srt.runtime_context import SpawnRanks
-    from sglang.srt.server_args import ServerArgs
 
     from sglang_asym.sglang_plugin import pool_payload as pp
-    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
 
-    def kv_args_for(pool, mode: str):
-        record = ServerArgs(model_path=config_dir, device="cpu")
-        attach(record, AsymSettings(mode, window=split.window, semantics=split.semantics.value))
-        runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
-        kv_args = KVArgs()
-        kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = pool.get_contiguous_buf_infos()
-        kv_args.kv_layer_ids, kv_args.num_draft_entries, kv_args.engine_rank = [], 0, 0
-        disagg_utils.setup_state_kv_args(kv_args, pool)
-        return kv_args
-
-    p_args, d_args = kv_args_for(p_pool, "asym-prefill"), kv_args_for(d_pool, "asym-decode")
+    p_args = _asym_kv_args(p_pool, "asym-prefill", split, config_dir)
+    d_args = _asym_kv_args(d_pool, "asym-decode", split, config_dir)
     blocks: list = []
     manager = MooncakeKVManager.__new__(MooncakeKVManager)
     manager.__dict__.update(
@@ -213,15 +289,8 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
         state_strides_validated=set(), request_status={ROOM: KVPoll.Transferring})
     manager._transfer_data = lambda session, transfer_blocks: blocks.extend(transfer_blocks) or 0
 
-    def indices(pages, pool) -> tuple:  # what SGLang's send_kv_chunk computes for a request of B tokens
-        b, page = split.boundary, 256
-        contiguous = np.array([pages.full_pages[k] for k in range(-(-b // page))], dtype=np.int32)
-        window_start = max(0, b - split.config.sliding_window) // page * page
-        swa = [pages.swa_pages[t // page] for t in range(window_start, b, page)]
-        return contiguous, [swa, list(pool.request_state_transfer_indices(pages.req_pool_idx, b))]
-
-    p_contiguous, p_state = indices(p_pages, p_pool)
-    d_contiguous, d_state = indices(d_pages, d_pool)
+    p_contiguous, p_state = _send_indices(p_pages, p_pool, split)
+    d_contiguous, d_state = _send_indices(d_pages, d_pool, split)
     rc = manager.send_kvcache("capture", p_contiguous, d_args.kv_data_ptrs, d_contiguous, executor=None,
                               dst_layer_ids=d_args.kv_layer_ids, dst_kv_item_len=None)
     registration = types.SimpleNamespace(
@@ -312,16 +381,18 @@ def payload(prompt_len: str = "429") -> dict:
         d_back = pp.read_payload(d_pool, d_pages, split)
         changed = sorted(name for name, t in _pool_tensors(d_pool).items() if not torch.equal(t, d_before[name]))
 
-        production = {}
+        production, exact = {}, {}
         for semantics in ("asym-exact-encoder", "asym"):
             variant = SplitPlan(cfg, n, window, semantics)
-            for name, t in _pool_tensors(d_pool).items():
-                t.zero_()
-            result = _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, variant, config_dir)
             expected = {g.name for g in variant.manifest("release").nonempty().groups}
-            back = result.pop("back")
-            result["back_equal"] = {g: bool(np.array_equal(back[g], rows[g])) for g in expected}
-            production[semantics] = result
+            for path, send in (("production", _sglang_registration_send), ("exact", _exact_send)):
+                for name, t in _pool_tensors(d_pool).items():
+                    t.zero_()
+                result = send(p_pool, p_pages, d_pool, d_pages, variant, config_dir)
+                back = result.pop("back")
+                result["back_equal"] = {g: bool(np.array_equal(back[g], rows[g])) for g in expected}
+                result["manifest_bytes"] = variant.manifest("release").total_bytes
+                (production if path == "production" else exact)[semantics] = result
 
         asym_split = SplitPlan(cfg, n, window, "asym")
         asym_plan = [[s.buffer_list, [e.name for e in s.entries], list(s.indices)]
@@ -344,6 +415,7 @@ def payload(prompt_len: str = "429") -> dict:
             "asym_plan": asym_plan,
             "short_plan": len(short_plan),
             "production": production,
+            "exact": exact,
             "sglang_fp4_table": _sglang_fp4_table(),
         }
 
@@ -759,6 +831,15 @@ ASYM_RELIED_ON = {
         "window_start = max(req.disagg_decode_prefix_len, seq_len - window_size)", "c128_seq_len = transfer_input_len"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender._prepare_send_indices": [
         "is_last_chunk = self.curr_idx == self.num_kv_indices"],
+    # exact_payload.py: the worker takes chunks from the queue it is handed and calls the two sends
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker": [
+        "kv_chunk = queue.get()", "ret = self.send_kvcache(", "state_rc = self.maybe_send_extra(",
+        "if ret != 0:"],
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.__init__": ["target=self.transfer_worker,"],
+    "sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics": [
+        "total_bytes = transfer_metric.transfer_total_bytes"],
+    "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue._init_kv_manager": [
+        "setup_state_kv_args(", "kv_manager_class = get_kv_class(self.transfer_backend, KVClassType.MANAGER)"],
 }
 ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
@@ -770,6 +851,11 @@ ASYM_SIGNATURES = (
     "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.request_state_transfer_indices",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.init_new",
     "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids",
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.maybe_send_extra",
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker",
+    "sglang.srt.disaggregation.utils.build_transfer_entry_pairs",
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric",
 )
 
 

@@ -13,10 +13,12 @@ from .conftest import REPO, run_python
 
 PREFILL = "sglang.srt.disaggregation.prefill"
 DECODE = "sglang.srt.disaggregation.decode"
+MOONCAKE = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
 EXPECTED_SIGNATURES = {
     "sglang.srt.model_loader.loader._initialize_model": ["model_config", "load_config", "quant_config"],
     "sglang.srt.disaggregation.utils.setup_state_kv_args":
         ["kv_args", "token_to_kv_pool", "draft_token_to_kv_pool", "total_kv_layers", "req_to_token_pool"],
+    "sglang.srt.disaggregation.utils.get_kv_class": ["transfer_backend", "class_type"],
     f"{PREFILL}.PrefillBootstrapQueue.add": ["self", "req", "num_kv_heads"],
     f"{PREFILL}.PrefillBootstrapQueue.can_prefill_before_bootstrap": ["self", "req"],
     f"{PREFILL}.PrefillBootstrapQueue.pop_bootstrapped": ["self"],
@@ -38,6 +40,15 @@ EXPECTED_SIGNATURES = {
         ["reqs", "req_to_token_pool", "token_to_kv_pool_allocator", "tree_cache", "model_config", "enable_overlap",
          "spec_algorithm", "chunked_req", "dllm_config"],
     "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids": ["self"],
+    f"{MOONCAKE}.send_kvcache": ["self", "mooncake_session_id", "prefill_kv_indices", "dst_kv_ptrs", "dst_kv_indices",
+                                 "executor", "dst_layer_ids", "dst_device_kv_indices", "dst_kv_item_len",
+                                 "dst_attn_tp_size"],
+    f"{MOONCAKE}.maybe_send_extra": ["self", "req", "prefill_state_indices", "executor",
+                                     "target_rank_registration_info"],
+    f"{MOONCAKE}.transfer_worker": ["self", "queue", "executor", "staging_buffer", "worker_index"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric": ["self"],
+    "sglang.srt.disaggregation.utils.build_transfer_entry_pairs":
+        ["src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback"],
 }
 
 

@@ -103,3 +103,21 @@ def test_sglangs_own_sender_with_the_asym_registration_moves_exactly_the_payload
     groups = {g.name for g in SplitPlan(CFG, 429, 128, semantics).manifest("release").nonempty().groups}
     assert result["back_equal"] == {g: True for g in groups}
     assert result["bytes"] == {"asym-exact-encoder": 5886976, "asym": 480256}[semantics]
+
+
+@pytest.mark.parametrize("semantics", ["asym-exact-encoder", "asym"])
+def test_the_exact_payload_manager_writes_the_manifest_and_nothing_else(report, semantics):
+    """The asym-prefill server's Mooncake manager (exact_payload.py): its send_kvcache (one page per
+    chunk) and maybe_send_extra write the manifest's rows at D's slots, byte for byte, and the bytes
+    written are the manifest's total, against SGLang's page items (5.9 MB for 1.6 MB at N = 429)."""
+    result = report["exact"][semantics]
+    assert result["rc"] == [0, 0, 0]
+    groups = {g.name for g in SplitPlan(CFG, 429, 128, semantics).manifest("release").nonempty().groups}
+    assert result["back_equal"] == {g: True for g in groups}
+    manifest = {"asym-exact-encoder": 1620764, "asym": 1620764 - 20 * 127 * 528}[semantics]
+    assert result["manifest_bytes"] == manifest
+    assert result["bytes"] == result["room_bytes"] == manifest
+    encoder = [f"swa.L{i}" for i in ENCODER] if semantics == "asym-exact-encoder" else []
+    assert sorted(result["changed"]) == sorted(ASYM_CHANGED + encoder)
+    # SGLang's own sender, same request and registration: 3.6x (asym-exact-encoder), 1.7x (asym)
+    assert report["production"][semantics]["bytes"] == {"asym-exact-encoder": 5886976, "asym": 480256}[semantics]

@@ -77,7 +77,7 @@ def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(repo
     cpu = {p.target for p in CPU_PATCHES if p.process == SCHEDULER and p.kind != "ATTRIBUTE"}
     assert len(cpu) == 9
     asym = {target for target, _, _ in hooks.scheduler_hook_table()}
-    assert len(asym) == 11 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
+    assert len(asym) == 12 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
     assert sorted(set(after) - set(before)) == sorted(asym | cpu)
 
 

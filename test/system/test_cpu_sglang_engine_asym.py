@@ -5,7 +5,8 @@ set of four servers, started after the other set stopped):
 - greedy outputs are equal for prompts across the window boundary, one request at a time;
 - P ran layers 0-19 and layer 20's KV path on [0, B) only, and no forward at all for N <= W; D ran
   every layer over [B, N) in window chunks of at most 32 rows (the reference forward's log, a test aid);
-- D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps);
+- D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps), and
+  the bytes P wrote per request (its /metrics counter) are exactly the SplitPlan manifest's;
 - a long window runs in chunks beside a running request that keeps decoding every step;
 - 12 concurrent mixed requests (generate, completions, chat; streamed and not) all complete;
 - aborted requests leave SGLang's own pool counters at zero on both workers.
@@ -20,15 +21,16 @@ import time
 import urllib.error
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sglang_asym.runtime.router_launch import RouterFlavor
 from sglang_asym.runtime.server_process import post, start_server
+from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.split import SplitPlan
 
 from .helpers import MODEL, output, serving
-from .sglang_servers import (NEW_TOKENS, greedy, patient_router, prompt_of, settle, sglang_server,
-                             write_sglang_checkpoint)
+from .sglang_servers import (NEW_TOKENS, equal_pool_dumps, greedy, metric_sum, patient_router, prompt_of, settle,
+                             sglang_server, write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -39,6 +41,8 @@ LENGTHS = {EXACT: (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097), ASYM: 
 SMG_LENGTHS = (1, 129, 1000)
 ENCODER_LAYERS = list(range(20))
 PREFILL_CHUNK = 4096
+PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"  # P's exact-payload manager (exact_payload.py)
+SGLANG_TRANSFER_MB = "sglang:kv_transfer_total_mb_sum"  # SGLang's own per-request histogram (MiB)
 RUNNER_TOKENS = 96  # decodes while the late request's prefix (256 rows on P) and window (4 chunks on D) run
 
 
@@ -149,24 +153,27 @@ def test_d_holds_what_p_transferred_byte_for_byte(pairs):
     with asym-exact-encoder the encoder layers' last window rows) read out of P's pool after its forward
     and out of D's pool right after SGLang's Mooncake transfer committed the request."""
     _forget_logs(pairs)
+    shipped, reported, lengths = [], [], (129, 600, 1001)
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-        for n in (129, 600, 1001):
+        for n in lengths:
+            before = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
             greedy(router.url, prompt_of(n))
-    dumps = pairs["dumps"]
-    rooms = sorted(path.name.removeprefix("decode-") for path in dumps.glob("decode-*.npz"))
-    assert len(rooms) == 3 and sorted(p.name.removeprefix("prefill-") for p in dumps.glob("prefill-*.npz")) == rooms
+            after = [metric_sum(pairs["prefill"], name) for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
+            shipped.append(int(after[0] - before[0]))
+            reported.append(round((after[1] - before[1]) * 2**20))
+    # bytes on the wire per request: exactly the SplitPlan manifest (SGLang's own sender moves whole pages),
+    # and SGLang's own per-request transfer metric reports those bytes too
+    manifest = [SplitPlan(sglang_small(), n, WINDOW, pairs["semantics"]).manifest("release").total_bytes
+                for n in lengths]
+    assert shipped == manifest and reported == manifest
     boundaries = []
-    for room in rooms:
-        p, d = np.load(dumps / f"prefill-{room}"), np.load(dumps / f"decode-{room}")
-        b = int(p["num_tokens"])
+    for b, p in equal_pool_dumps(pairs["dumps"], 3):
         boundaries.append(b)
-        assert int(d["num_tokens"]) == b and sorted(p.files) == sorted(d.files)
-        swa = sorted(int(f.removeprefix("swa.L")) for f in p.files if f.startswith("swa."))
+        swa = sorted(int(f.removeprefix("swa.L")) for f in p if f.startswith("swa."))
         assert swa == (ENCODER_LAYERS if pairs["semantics"] == EXACT else [])
-        assert ("tail.L2" in p.files) == (b % 2 == 1)
+        assert all(p[f"swa.L{i}"].shape == (min(b, WINDOW - 1), 528) for i in swa)  # the manifest's W - 1 rows
+        assert ("tail.L2" in p) == (b % 2 == 1)
         assert p["kv.L20"].shape == (b, 288) and p["kv.L2"].shape == (b // 2, 288)
-        for group in p.files:
-            assert np.array_equal(p[group], d[group]), (b, group)
         assert p["kv.L20"].any()  # real rows, not an empty pool
     assert sorted(boundaries) == [1, 472, 873]
 

@@ -17,11 +17,15 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
   disaggregation.utils.setup_state_kv_args
                             AFTER   both roles: the PD registration of asym_registration.py (layer ids
                                     on every entry; the prefill role registers only its payload)
+  disaggregation.utils.get_kv_class
+                            AROUND  asym-prefill on Mooncake: the exact-payload KV manager
+                                    (exact_payload.py: the manifest's rows and nothing else)
   disaggregation.prefill.PrefillBootstrapQueue.add
                             AROUND  asym-prefill: cuts each fresh request to its first B = N - W
                                     tokens (prefill_cut.py) before SGLang checks capacity, creates
-                                    the KV sender and queues it; N <= W is cut to nothing and marked
-                                    zero-compute; logprobs are refused with a 400
+                                    the KV sender and queues it, and tells the KV manager the room's
+                                    split; N <= W is cut to nothing and marked zero-compute;
+                                    logprobs are refused with a 400
   PrefillBootstrapQueue.can_prefill_before_bootstrap, .pop_bootstrapped,
   SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
                             AROUND  asym-prefill: a zero-compute request concludes its room with one
@@ -47,12 +51,13 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import asym_decode, cpu_handover, cpu_import_gaps, prefill_zero
+from . import asym_decode, cpu_handover, cpu_import_gaps, exact_payload, prefill_zero
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
 from .prefill_cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
 from .prefill_model import install_prefill_loading, truncated_construction
+from ..split import SplitPlan
 from .prefill_role import PrefillRole
 from .settings import attach, settings_of
 from .startup import STARTUP_GAPS
@@ -65,6 +70,7 @@ PREPARE_SERVER_ARGS = f"{SERVER_ARGS}.prepare_server_args"
 PUBLISH = "sglang.srt.runtime_context.publish"
 INITIALIZE_MODEL = "sglang.srt.model_loader.loader._initialize_model"
 SETUP_STATE_KV_ARGS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
+GET_KV_CLASS = "sglang.srt.disaggregation.utils.get_kv_class"
 PREFILL_QUEUE_ADD = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"
 PREFILL_EARLY = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap"
 PREFILL_POP_BOOTSTRAPPED = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped"
@@ -156,6 +162,8 @@ def after_setup_state_kv_args(result: Any, kv_args: Any, token_to_kv_pool: Any, 
     if settings is None or not isinstance(token_to_kv_pool, DeepSeekV4TokenToKVPool):
         return
     apply_asym_registration(kv_args, token_to_kv_pool, V41Config.from_json_file(server_args.model_path), settings)
+    if settings.is_prefill:  # the exact-payload manager reads the rows' slots from this pool
+        setattr(kv_args, exact_payload.POOL_ATTR, token_to_kv_pool)
 
 
 @functools.lru_cache(maxsize=4)
@@ -187,7 +195,10 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     except ValueError as exc:  # SplitError / PrefillCutError: a prompt this split cannot take
         refusal = (HTTPStatus.BAD_REQUEST, f"sglang-asym: {exc}")
     if refusal is None:
-        return original(queue, req, *args, **kwargs)
+        result = original(queue, req, *args, **kwargs)
+        exact_payload.expect_room(queue.kv_manager, req.bootstrap_room,
+                                  SplitPlan(cfg, n, settings.window, settings.semantics))
+        return result
     # as SGLang's own capacity refusal in this queue: nothing is held yet, the client gets the error
     status, message = refusal
     log.error("request %s refused: %s", req.rid, message)
@@ -211,6 +222,7 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
     return (
         (INITIALIZE_MODEL, around_initialize_model, "AROUND"),
         (SETUP_STATE_KV_ARGS, after_setup_state_kv_args, "AFTER"),
+        (GET_KV_CLASS, exact_payload.around_get_kv_class, "AROUND"),
         (PREFILL_QUEUE_ADD, around_prefill_queue_add, "AROUND"),
         (PREFILL_EARLY, prefill_zero.around_can_prefill_before_bootstrap, "AROUND"),
         (PREFILL_POP_BOOTSTRAPPED, prefill_zero.around_pop_bootstrapped, "AROUND"),

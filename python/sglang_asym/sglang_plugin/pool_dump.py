@@ -4,7 +4,8 @@
 Off unless `SGLANG_ASYM_POOL_DUMP_DIR` names a directory (never set in production). Files are
 `{dir}/{role}-{bootstrap_room}.npz` (role `prefill` or `decode`) holding pool_rows.PoolRows.snapshot
 of the request, plus `num_tokens`. A symmetric pair dumps the whole prompt N; an asymmetric pair dumps
-what crosses (`transferred_extent`): the prefix B and only the layers whose window rows ship.
+what crosses (`transferred_extent`): the prefix B, only the layers whose window rows ship, and only
+the W - 1 window rows the manifest ships.
 With `SGLANG_ASYM_FORWARD_LOG` naming a file, every reference forward appends the layers it ran and the
 rows it computed per request (`log_forward`), so a test can count what each role computed.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,9 +34,19 @@ def dump_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def transferred_extent(cfg: Any, prompt_len: int) -> tuple[int, tuple[int, ...] | None]:
-    """(num_tokens, window layers) that this server's transfer carries for a prompt of prompt_len tokens:
-    the whole prompt and every layer in a symmetric pair; B and the shipped window layers in an asymmetric one."""
+@dataclass(frozen=True)
+class Extent:
+    """What this server's transfer carries of one request: its first `num_tokens` tokens, the last
+    `window_rows` window rows of `swa_layers` (None: every layer)."""
+
+    num_tokens: int
+    swa_layers: tuple[int, ...] | None
+    window_rows: int
+
+
+def transferred_extent(cfg: Any, prompt_len: int) -> Extent:
+    """The whole prompt, every layer and W window rows in a symmetric pair; in an asymmetric one B, the
+    shipped window layers and the manifest's W - 1 window rows below B."""
     from sglang.srt.runtime_context import get_server_args
 
     from ..split import SplitPlan
@@ -42,19 +54,20 @@ def transferred_extent(cfg: Any, prompt_len: int) -> tuple[int, tuple[int, ...] 
 
     settings = settings_of(get_server_args())
     if settings is None:
-        return prompt_len, None
+        return Extent(prompt_len, None, cfg.sliding_window)
     split = SplitPlan(cfg, prompt_len, settings.window, settings.semantics)
-    return split.boundary, tuple(split.plan.encoder_layers) if split.ships_encoder_swa else ()
+    start, end = split.encoder_swa_rows
+    layers = tuple(split.plan.encoder_layers) if split.ships_encoder_swa else ()
+    return Extent(split.boundary, layers, end - start)
 
 
-def dump(rows: PoolRows, role: str, room: int | None, req: int, num_tokens: int,
-         swa_layers: Sequence[int] | None = None) -> None:
+def dump(rows: PoolRows, role: str, room: int | None, req: int, extent: Extent) -> None:
     directory = dump_dir()
     if directory is None or not room:  # no room, or room 0: SGLang's fake transfer (health checks) moves nothing
         return
-    snapshot = rows.snapshot(req, num_tokens, swa_layers)
+    snapshot = rows.snapshot(req, extent.num_tokens, extent.swa_layers, extent.window_rows)
     path = directory / f"{role}-{room}.npz"
-    np.savez(path, num_tokens=np.array(num_tokens), **snapshot)
+    np.savez(path, num_tokens=np.array(extent.num_tokens), **snapshot)
     log.info("sglang-asym: dumped %d groups of room %s to %s", len(snapshot), room, path)
 
 
@@ -68,8 +81,8 @@ def after_commit_transfer(result: Any, queue: Any, decode_req: Any, *args: Any, 
     scheduler = queue.scheduler
     cfg = V41Config.from_json_file(scheduler.server_args.model_path)
     rows = PoolRows(scheduler.token_to_kv_pool_allocator.get_kvcache(), scheduler.req_to_token_pool.req_to_token, cfg)
-    num_tokens, swa_layers = transferred_extent(cfg, len(req.origin_input_ids))
-    dump(rows, "decode", req.bootstrap_room, int(req.kv.req_pool_idx), num_tokens, swa_layers)
+    extent = transferred_extent(cfg, len(req.origin_input_ids))
+    dump(rows, "decode", req.bootstrap_room, int(req.kv.req_pool_idx), extent)
 
 
 def log_forward(role: str, mode: str, layers: Sequence[int], rows: Sequence[tuple[int | None, int, int]],

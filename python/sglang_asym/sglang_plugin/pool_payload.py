@@ -118,14 +118,14 @@ def _page_of(pages: Sequence[int | None], token: int, what: str) -> int:
 
 
 @dataclass(frozen=True)
-class _Site:
+class Site:
     buffer: torch.Tensor  # 2-D uint8 view [pages, page bytes]
     page: int
     parts: tuple[tuple[int, int], ...]  # (byte offset in the page, length), in row byte order
 
 
-def _sites(pool: Any, group: str, rows: range, pages: RequestPages, split: SplitPlan,
-           row_bytes: int) -> list[_Site]:
+def row_sites(pool: Any, group: str, rows: range, pages: RequestPages, split: SplitPlan,
+           row_bytes: int) -> list[Site]:
     boundary = split.boundary
     kind, layer = group.split(".L")
     layer = int(layer)
@@ -137,7 +137,7 @@ def _sites(pool: Any, group: str, rows: range, pages: RequestPages, split: Split
         if buf[0].nbytes != row_bytes:
             raise PoolPayloadError(f"{group}: SGLang's ring row is {buf[0].nbytes} bytes, ours {row_bytes}")
         row = pages.req_pool_idx * ring.ring_size + (boundary - 1) % ring.ring_size
-        return [_Site(buf.view(torch.uint8), row, ((0, row_bytes),))]
+        return [Site(buf.view(torch.uint8), row, ((0, row_bytes),))]
     ratio = pool.compression_ratios[layer]
     if kind == "swa":
         swa = pool.swa_kv_pool
@@ -167,19 +167,19 @@ def _sites(pool: Any, group: str, rows: range, pages: RequestPages, split: Split
             index_page_size = pool.index_pools[ratio].page_size
             loc = page * (PAGE_SIZE // ratio) + slot
             page, slot = divmod(loc, index_page_size)
-            sites.append(_Site(buf, page, ((slot * data_bytes, data_bytes),
+            sites.append(Site(buf, page, ((slot * data_bytes, data_bytes),
                                            (index_page_size * data_bytes + slot * scale_bytes, scale_bytes))))
             continue
         if (layout.data_bytes, layout.scale_bytes) != (data_bytes, scale_bytes):
             raise PoolPayloadError(f"{group}: SGLang's {layout.value} rows are {layout.data_bytes}+"
                                    f"{layout.scale_bytes} bytes, ours {data_bytes}+{scale_bytes}")
         data_stride, scale_base, scale_stride = layout.row_addressing(page_size)
-        sites.append(_Site(buf, page, ((slot * data_stride, data_bytes),
+        sites.append(Site(buf, page, ((slot * data_stride, data_bytes),
                                        (scale_base + slot * scale_stride, scale_bytes))))
     return sites
 
 
-def _group_rows(split: SplitPlan, group: str, num_rows: int) -> range:
+def group_rows(split: SplitPlan, group: str, num_rows: int) -> range:
     """The request-relative row numbers a manifest group covers (token positions for SWA)."""
     if group.startswith("swa."):
         start, end = split.encoder_swa_rows
@@ -200,7 +200,7 @@ def write_payload(pool: Any, pages: RequestPages, split: SplitPlan, rows: dict[s
         if data.dtype != np.uint8 or data.shape != (group.num_rows, group.row_bytes):
             raise PoolPayloadError(f"{group.name}: expected uint8 {(group.num_rows, group.row_bytes)}, "
                                    f"got {data.dtype} {data.shape}")
-        sites = _sites(pool, group.name, _group_rows(split, group.name, group.num_rows), pages,
+        sites = row_sites(pool, group.name, group_rows(split, group.name, group.num_rows), pages,
                        split, group.row_bytes)
         source = torch.from_numpy(data)
         for row, site in zip(source, sites):
@@ -214,7 +214,7 @@ def read_payload(pool: Any, pages: RequestPages, split: SplitPlan) -> dict[str, 
     """The manifest's rows as they sit in SGLang's pool, re-joined as our packed rows."""
     out = {}
     for group in split.manifest("release").nonempty().groups:
-        sites = _sites(pool, group.name, _group_rows(split, group.name, group.num_rows), pages,
+        sites = row_sites(pool, group.name, group_rows(split, group.name, group.num_rows), pages,
                        split, group.row_bytes)
         out[group.name] = np.stack([
             torch.cat([site.buffer[site.page, offset:offset + length] for offset, length in site.parts]).numpy()

@@ -159,14 +159,15 @@ class PoolRows:
         self._scatter(place.buffer, d_off, s_off, pack_rows(values.float(), place.fmt), place.data_bytes,
                       place.scale_bytes)
 
-    def snapshot(self, req: int, num_tokens: int, swa_layers: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    def snapshot(self, req: int, num_tokens: int, swa_layers: Sequence[int] | None = None,
+                 window_rows: int | None = None) -> dict[str, np.ndarray]:
         """The packed bytes of everything a request of `num_tokens` tokens holds that a later step reads:
-        the window rows of the last W positions of `swa_layers` (default: every layer), every compressed
-        row and index key, and the pending token of each ratio-2 source (keyed by cache group name, as
-        SGLang stores them)."""
+        the window rows of the last `window_rows` positions (default W) of `swa_layers` (default: every
+        layer), every compressed row and index key, and the pending token of each ratio-2 source (keyed
+        by cache group name, as SGLang stores them)."""
         out: dict[str, np.ndarray] = {}
         data, scales = self._swa_parts
-        first = max(0, num_tokens - self.cfg.sliding_window)
+        first = max(0, num_tokens - (self.cfg.sliding_window if window_rows is None else window_rows))
         for layer in range(self.cfg.num_hidden_layers) if swa_layers is None else swa_layers:
             flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(first, num_tokens))
             out[f"swa.L{layer}"] = self._gather(flat, d_off, s_off, data, scales).numpy()

@@ -205,9 +205,9 @@ class ReferenceForward:
             for (_, r, _), item in zip(phase, inputs):
                 self._store(item.cache, r)
                 if dump_dir() is not None and r.prompt_len is not None:  # test aid (pool_dump.py)
-                    num_tokens, swa_layers = transferred_extent(self.cfg, r.prompt_len)
-                    if r.end == num_tokens:
-                        dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, r.end, swa_layers)
+                    extent = transferred_extent(self.cfg, r.prompt_len)
+                    if r.end == extent.num_tokens:
+                        dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, extent)
         finally:
             for item in inputs:
                 item.cache.release()
