@@ -1,6 +1,13 @@
 """The step-time cost of `--enable-deterministic-inference` in SGLang's own engine on CPU, off and on side by side.
 
-Starts the flag-off and flag-on stacks together (the colocated `null` server; with --pair also asym-prefill +
+Default (in process): the forward SGLang's engine runs on CPU (`ReferenceForward.run_rows`, the reference
+V4.1 over a pool; here an in-memory row store in the pool's release formats, the unit test's) on the
+small random V4.1 at SGLang's pool geometry, flag off and on alternating for --rounds rounds: one extend
+batch of 8 prompts (140, 130, 3, 9, 1, 17, 5, 40 tokens: windows among them, in their pieces) and
+--new-tokens decode steps at 8 requests; mean seconds of each, the on / off ratios, and whether the first
+request's logits alone equal those in the batch, bit for bit.
+
+With --servers: starts the flag-off and flag-on stacks together (the colocated `null` server; with --pair also asym-prefill +
 asym-decode behind sglang-router), all on the small generated checkpoint SGLang's tests use, and runs the
 same work on each in turn, alternating off / on for --rounds rounds so both see the same machine load: one
 greedy target prompt alone, then the target inside 8 concurrent requests (short prompts and windows). The
@@ -9,7 +16,9 @@ forwards at 8 rows and of the extend forwards (prompts on the colocated server, 
 stack and flag, and their on / off ratios. Also records whether the target's tokens alone equal those in
 the batch. Writes benchmark/results/deterministic_sglang_engine.json.
 
-    .venv/bin/python benchmark/deterministic_sglang_engine.py [--pair] [--rounds 2] [--new-tokens 8]
+    .venv/bin/python benchmark/deterministic_sglang_engine.py [--rounds 3] [--new-tokens 3]
+    .venv/bin/python benchmark/deterministic_sglang_engine.py --servers [--pair] [--rounds 2] [--new-tokens 8]
+On a loaded 2-core machine a flag-on batch of 8 can outlast SGLang's 300 s watchdog (--watchdog-timeout).
 """
 
 from __future__ import annotations
@@ -71,16 +80,79 @@ def measure(name: str, bases: dict[str, str], logs: dict[str, Path], rounds: int
     return out
 
 
+def in_process(rounds: int, new_tokens: int) -> dict:
+    import torch
+
+    from sglang_plugin.test_reference_forward_deterministic import MemoryRows
+
+    from sglang_asym.checkpoint.random_init import random_weights
+    from sglang_asym.model import V41Model
+    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+
+    cfg = sglang_small()
+    model = V41Model(cfg, cache_quant="release")
+    weights = random_weights(cfg, 11)
+    model.load_weights({k: v for k, v in weights.items() if k in model.expected_tensor_names()})
+    prompts = [torch.tensor(prompt_of(n)) for n in (TARGET, *OTHERS)]
+
+    def serve(deterministic: bool, batched: bool) -> tuple[list[torch.Tensor], float, list[float]]:
+        forward = ReferenceForward(model, MemoryRows(cfg), DEFAULT_SEMANTICS, deterministic)
+        mine = prompts if batched else prompts[:1]
+        started = time.perf_counter()
+        logits, _ = forward.run_rows([RequestRows(i, 0, p, p.numel()) for i, p in enumerate(mine)])
+        extend_s, steps, seen = time.perf_counter() - started, [], [logits[0]]
+        for step in range(new_tokens):
+            rows = [RequestRows(i, p.numel() + step, torch.tensor([int(out.argmax())]), None)
+                    for i, (p, out) in enumerate(zip(mine, logits))]
+            started = time.perf_counter()
+            logits, _ = forward.run_rows(rows)
+            steps.append(time.perf_counter() - started)
+            seen.append(logits[0])
+        return seen, extend_s, steps
+
+    out: dict = {flag: {"extend_batch_of_8_s": [], "decode_step_at_8_s": [], "alone_equals_batched": []}
+                 for flag in ("off", "on")}
+    with torch.no_grad():
+        for r in range(rounds):
+            for flag in ("off", "on"):
+                alone, _, _ = serve(flag == "on", False)
+                batched, extend_s, steps = serve(flag == "on", True)
+                same = all(torch.equal(a, b) for a, b in zip(alone, batched))
+                out[flag]["extend_batch_of_8_s"].append(extend_s)
+                out[flag]["decode_step_at_8_s"] += steps
+                out[flag]["alone_equals_batched"].append(same)
+                print(f"round {r} flag {flag}: extend of 8 prompts {extend_s:.2f} s, decode step at 8 "
+                      f"{statistics.mean(steps):.3f} s, target logits alone == batched: {same}", flush=True)
+    for flag in ("off", "on"):
+        for key in ("extend_batch_of_8_s", "decode_step_at_8_s"):
+            out[flag][key] = round(statistics.mean(out[flag][key]), 4)
+    out["ratio_on_over_off"] = {key: round(out["on"][key] / out["off"][key], 2)
+                                for key in ("extend_batch_of_8_s", "decode_step_at_8_s")}
+    print(f"extend of 8: off {out['off']['extend_batch_of_8_s']:.2f} s, on {out['on']['extend_batch_of_8_s']:.2f} s "
+          f"(x{out['ratio_on_over_off']['extend_batch_of_8_s']}); decode step at 8: off "
+          f"{out['off']['decode_step_at_8_s']:.3f} s, on {out['on']['decode_step_at_8_s']:.3f} s "
+          f"(x{out['ratio_on_over_off']['decode_step_at_8_s']})", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", action="store_true", help="also the asym pair behind sglang-router")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--servers", action="store_true", help="real servers instead of the in-process forward")
+    parser.add_argument("--pair", action="store_true", help="with --servers: also the asym pair behind sglang-router")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=3)
     args = parser.parse_args()
     results: dict = {"command": "python benchmark/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
                      "checkpoint": "sglang_shapes.sglang_small(), seed 11, release precision (the SGLang-engine tests')",
                      "target_prompt": TARGET, "others": list(OTHERS), "new_tokens": args.new_tokens,
                      "rounds": args.rounds, "machine": "2 CPU cores, shared (the off and on runs alternate)"}
+    if not args.servers:
+        results["checkpoint"] = ("sglang_shapes.sglang_small() (SGLang's pool geometry), random weights seed 11, "
+                                 "release cache formats, built in process")
+        results["in_process_reference_forward"] = in_process(args.rounds, args.new_tokens)
+        write(results)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         checkpoint = write_sglang_checkpoint(work / "ckpt")
@@ -108,6 +180,10 @@ def main() -> None:
                 results["pair_decode_worker"] = measure("pair (D's forwards)", {"off": off.url, "on": on.url},
                                                         {f: work / f"decode-{f}.jsonl" for f in ("off", "on")},
                                                         args.rounds, args.new_tokens)
+    write(results)
+
+
+def write(results: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "deterministic_sglang_engine.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
