@@ -80,7 +80,7 @@ def measure(name: str, bases: dict[str, str], logs: dict[str, Path], rounds: int
     return out
 
 
-def in_process(rounds: int, new_tokens: int) -> dict:
+def in_process(rounds: int, new_tokens: int, preset: str) -> dict:
     import torch
 
     from sglang_plugin.test_reference_forward_deterministic import MemoryRows
@@ -90,11 +90,13 @@ def in_process(rounds: int, new_tokens: int) -> dict:
     from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
     from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 
-    cfg = sglang_small()
+    from sglang_asym.config import V41Config
+
+    cfg = sglang_small() if preset == "sglang_small" else V41Config.preset(preset)
     model = V41Model(cfg, cache_quant="release")
     weights = random_weights(cfg, 11)
     model.load_weights({k: v for k, v in weights.items() if k in model.expected_tensor_names()})
-    prompts = [torch.tensor(prompt_of(n)) for n in (TARGET, *OTHERS)]
+    prompts = [torch.tensor(prompt_of(n)) % cfg.vocab_size for n in (TARGET, *OTHERS)]
 
     def serve(deterministic: bool, batched: bool) -> tuple[list[torch.Tensor], float, list[float]]:
         forward = ReferenceForward(model, MemoryRows(cfg), DEFAULT_SEMANTICS, deterministic)
@@ -141,6 +143,8 @@ def main() -> None:
     parser.add_argument("--servers", action="store_true", help="real servers instead of the in-process forward")
     parser.add_argument("--pair", action="store_true", help="with --servers: also the asym pair behind sglang-router")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--preset", default="sglang_small", choices=("sglang_small", "tiny"),
+                        help="in process: the model (tiny: the 9-layer preset, for a loaded machine)")
     parser.add_argument("--new-tokens", type=int, default=3)
     args = parser.parse_args()
     results: dict = {"command": "python benchmark/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
@@ -148,9 +152,9 @@ def main() -> None:
                      "target_prompt": TARGET, "others": list(OTHERS), "new_tokens": args.new_tokens,
                      "rounds": args.rounds, "machine": "2 CPU cores, shared (the off and on runs alternate)"}
     if not args.servers:
-        results["checkpoint"] = ("sglang_shapes.sglang_small() (SGLang's pool geometry), random weights seed 11, "
+        results["checkpoint"] = (f"{args.preset} (sglang_small: SGLang's pool geometry), random weights seed 11, "
                                  "release cache formats, built in process")
-        results["in_process_reference_forward"] = in_process(args.rounds, args.new_tokens)
+        results["in_process_reference_forward"] = in_process(args.rounds, args.new_tokens, args.preset)
         write(results)
         return
     with tempfile.TemporaryDirectory() as tmp:
