@@ -3,7 +3,7 @@
 Default (in process): the forward SGLang's engine runs on CPU (`ReferenceForward.run_rows`, the reference
 V4.1 over a pool; here an in-memory row store in the pool's release formats, the unit test's) on the
 small random V4.1 at SGLang's pool geometry, flag off and on alternating for --rounds rounds: one extend
-batch of 8 prompts (140, 130, 3, 9, 1, 17, 5, 40 tokens: windows among them, in their pieces) and
+batch of 8 prompts (140, 130, 3, 9, 1, 17, 5, 200 tokens: windows among them, in their pieces) and
 --new-tokens decode steps at 8 requests; mean seconds of each, the on / off ratios, and whether the first
 request's logits alone equal those in the batch, bit for bit.
 
