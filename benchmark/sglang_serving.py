@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "itl": round(best(asym, "itl_mean_ms") / best(sym, "itl_mean_ms"), 3),
         "transfer_mb": round(best(asym, "transfer_mb") / best(sym, "transfer_mb"), 3),
     }
-    result = {"n": args.n, "new_tokens": args.new_tokens, "threads_per_server": args.threads, "pairs": pairs,
+    result = {"command": "cd benchmark && ../.venv/bin/python sglang_serving.py " + " ".join(argv or sys.argv[1:]),
+              "n": args.n, "new_tokens": args.new_tokens, "threads_per_server": args.threads, "pairs": pairs,
               "asym_over_symmetric": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -16,9 +16,6 @@ from sglang_asym.split import SplitPlan
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sglang_asym"
 HOME = "cache/groups.py"
-# Modules that still parse names by hand, each with why: the SGLang plugin is being reworked by its owner
-# (the replacement there is `parse_group(name)` -> `.kind.value`, `.layer`).
-KNOWN = {"sglang_plugin/pool_payload.py", "sglang_plugin/exact_payload.py"}
 HAND_PARSING = re.compile(r"""split\(\s*["']\.L["']\s*\)|startswith\(\s*["'](swa|kv|index|tail)\.?["']\s*\)""")
 
 
@@ -66,4 +63,4 @@ def test_what_ships_when_and_row_counts():
 
 def test_no_module_parses_group_names_by_hand():
     found = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if HAND_PARSING.search(p.read_text())}
-    assert found - {HOME} <= KNOWN, f"parse row-group names with cache.groups.parse_group: {sorted(found - KNOWN - {HOME})}"
+    assert found - {HOME} == set(), f"parse row-group names with cache.groups.parse_group: {sorted(found - {HOME})}"

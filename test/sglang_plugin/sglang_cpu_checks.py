@@ -317,6 +317,7 @@ def payload(prompt_len: str = "429") -> dict:
     """Our prefill role's payload (release formats) written into SGLang's DeepSeekV4TokenToKVPool on
     CPU, read back by SGLang's own readers, moved by SGLang's transfer planner to a second pool."""
     from sglang_asym.asym import run_prefix
+    from sglang_asym.cache.groups import parse_group
     from sglang_asym.cache import CacheSizing
     from sglang_asym.checkpoint.random_init import random_weights
     from sglang_asym.formats import unpack_rows
@@ -356,7 +357,7 @@ def payload(prompt_len: str = "429") -> dict:
         # SGLang's own CPU readers of the index-key pool, at the slots of our rows
         index_readback = {}
         for group in (g.name for g in manifest.groups if g.name.startswith("index.")):
-            owner = int(group.split(".L")[1])
+            owner = parse_group(group).layer
             ratio = cfg.compress_ratios[owner]
             ipool = p_pool.index_pools[ratio]
             k = list(p_pool.sources_by_ratio[ratio]).index(owner)

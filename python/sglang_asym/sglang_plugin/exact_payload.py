@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..cache.groups import GroupKind, parse_group
 from ..manifest import RowGroup
 from ..split import SplitPlan
 from .kv_pool import PAGE_SIZE
@@ -36,8 +37,8 @@ from .pool_payload import PoolPayloadError, RequestPages, group_rows, row_sites
 log = logging.getLogger(__name__)
 
 POOL_ATTR = "sglang_asym_pool"  # set on P's KVArgs by the registration hook: the pool the rows live in
-STATE_GROUP_KINDS = {"SWA": ("swa",), "DSV4_REQUEST_STATE": ("tail",)}
-CONTIGUOUS_GROUP_KINDS = ("kv", "index")
+# SGLang's state components -> the manifest kinds they carry (kv and index rows go with the pages)
+STATE_GROUP_KINDS = {"SWA": (GroupKind.SWA,), "DSV4_REQUEST_STATE": (GroupKind.TAIL,)}
 
 
 class ExactPayloadError(RuntimeError):
@@ -117,10 +118,10 @@ def chunk_blocks(pool: Any, split: SplitPlan, first_page: int, src_pages: Sequen
     end_page = first_page + len(src_pages)
     blocks: list[Block] = []
     for group in split.manifest("release").nonempty().groups:
-        kind, layer = group.name.split(".L")
-        if kind not in CONTIGUOUS_GROUP_KINDS:
+        gid = parse_group(group.name)
+        if not gid.kind.streams:  # kv and index rows: final once their page is computed
             continue
-        per_page = PAGE_SIZE // split.config.compress_ratios[int(layer)]
+        per_page = PAGE_SIZE // split.config.compress_ratios[gid.layer]
         rows = range(first_page * per_page, min(group.num_rows, end_page * per_page))
         blocks += group_blocks(pool, split, group, rows, src_req, dst_req, src, dst)
     return blocks
@@ -135,7 +136,7 @@ def swa_first_page(split: SplitPlan, num_pages: int) -> int:
     return first
 
 
-def state_blocks(pool: Any, split: SplitPlan, kinds: Sequence[str], src_indices: Sequence[int],
+def state_blocks(pool: Any, split: SplitPlan, kinds: Sequence[GroupKind], src_indices: Sequence[int],
                  dst_indices: Sequence[int], src: Registered, dst: Registered) -> list[Block]:
     """The manifest's rows of one state component: window rows (`swa`: indices are the window pages
     up to B) or the pending compressor token (`tail`: indices are request slots)."""
@@ -143,11 +144,11 @@ def state_blocks(pool: Any, split: SplitPlan, kinds: Sequence[str], src_indices:
         raise ExactPayloadError(f"{kinds}: {len(src_indices)} source items, {len(dst_indices)} destinations")
     blocks: list[Block] = []
     for group in split.manifest("release").nonempty().groups:
-        kind = group.name.split(".L")[0]
+        kind = parse_group(group.name).kind
         if kind not in kinds:
             continue
         rows = group_rows(split, group.name, group.num_rows)
-        if kind == "swa":
+        if kind is GroupKind.SWA:
             first = swa_first_page(split, len(src_indices))
             src_req = RequestPages((), _pages(first, src_indices), 0)
             dst_req = RequestPages((), _pages(first, dst_indices), 0)

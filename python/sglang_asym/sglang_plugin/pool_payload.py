@@ -32,13 +32,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..cache.groups import KIND_FORMATS, GroupKind, parse_group
 from ..formats.spec import format_spec, num_groups, resolve_block_size
 from ..split import SplitPlan
 from .kv_pool import PAGE_SIZE
 
 CONTIGUOUS, STATE, REQUEST_STATE = "contiguous", "state", "request_state"
-# manifest group kind -> our packed row format (payload_io's release formats)
-_ROW_FORMAT = {"kv": "nvfp4", "index": "mxfp4", "swa": "fp8"}
 
 
 class PoolPayloadError(ValueError):
@@ -79,8 +78,8 @@ def pool_entries(pool: Any) -> dict[str, tuple[PoolEntry, ...]]:
 
 
 def _entry_of_group(pool: Any, group: str) -> PoolEntry:
-    kind, layer = group.split(".L")
-    layer = int(layer)
+    gid = parse_group(group)
+    kind, layer = gid.kind.value, gid.layer
     entries = pool_entries(pool)
     if kind in ("kv", "index"):
         ratio = pool.compression_ratios[layer]
@@ -102,7 +101,7 @@ def _entry_of_group(pool: Any, group: str) -> PoolEntry:
 
 def _split_row(kind: str, row_bytes: int, channels: int) -> tuple[int, int]:
     """(data bytes, scale bytes) of one of our packed rows."""
-    spec = format_spec(_ROW_FORMAT[kind])
+    spec = format_spec(KIND_FORMATS[GroupKind(kind)].release)
     data, scales = spec.value_bytes(channels), num_groups(channels, resolve_block_size(spec.name, None))
     if data + scales != row_bytes:
         raise PoolPayloadError(f"{kind} rows of {row_bytes} bytes are not {spec.name} rows of {channels} channels")
@@ -127,8 +126,8 @@ class Site:
 def row_sites(pool: Any, group: str, rows: range, pages: RequestPages, split: SplitPlan,
            row_bytes: int) -> list[Site]:
     boundary = split.boundary
-    kind, layer = group.split(".L")
-    layer = int(layer)
+    gid = parse_group(group)
+    kind, layer = gid.kind.value, gid.layer
     if kind == "tail":
         ring = pool.compress_state_pools[layer]
         if ring is None or not ring.request_scoped or ring.ratio != 2:
@@ -181,7 +180,7 @@ def row_sites(pool: Any, group: str, rows: range, pages: RequestPages, split: Sp
 
 def group_rows(split: SplitPlan, group: str, num_rows: int) -> range:
     """The request-relative row numbers a manifest group covers (token positions for SWA)."""
-    if group.startswith("swa."):
+    if parse_group(group).kind is GroupKind.SWA:
         start, end = split.encoder_swa_rows
         if end - start != num_rows:
             raise PoolPayloadError(f"{group}: {num_rows} rows where the split ships [{start}, {end})")

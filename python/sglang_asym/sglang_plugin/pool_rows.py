@@ -23,12 +23,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..cache.groups import KIND_FORMATS, GroupKind
 from ..config import V41Config
 from ..formats import pack_rows, unpack_rows
 from ..formats.spec import format_spec, num_groups, resolve_block_size
 from .kv_pool import PAGE_SIZE
 
-_FORMAT = {"kv": "nvfp4", "index": "mxfp4", "swa": "fp8"}
 SUPPORTED_LAYOUTS = ("v41",)
 
 
@@ -47,7 +47,7 @@ class _Placement:
 
 
 def _parts(kind: str, channels: int) -> tuple[int, int]:
-    spec = format_spec(_FORMAT[kind])
+    spec = format_spec(KIND_FORMATS[GroupKind(kind)].release)
     return spec.value_bytes(channels), num_groups(channels, resolve_block_size(spec.name, None))
 
 
