@@ -71,13 +71,17 @@ def measure(name: str, bases: dict[str, str], logs: dict[str, Path], rounds: int
             print(f"{name} round {r} flag {flag}: batch of 8 in {wall:.1f} s, alone == batched: {batched == alone}",
                   flush=True)
     out = {flag: {**summarize(lines[flag]), "alone_equals_batched": equal[flag]} for flag in ("off", "on")}
-    out["ratio_on_over_off"] = {key: (out["on"][key] / out["off"][key] if out["on"][key] and out["off"][key] else None)
-                                for key in ("decode_step_at_8_s", "extend_forward_s")}
-    print(f"{name}: decode step at 8 requests off {out['off']['decode_step_at_8_s']:.3f} s, "
-          f"on {out['on']['decode_step_at_8_s']:.3f} s (x{out['ratio_on_over_off']['decode_step_at_8_s']:.2f}); "
-          f"extend forward off {out['off']['extend_forward_s']:.3f} s, on {out['on']['extend_forward_s']:.3f} s "
-          f"(x{out['ratio_on_over_off']['extend_forward_s']:.2f})", flush=True)
+    report_on_over_off(name, out, ("decode_step_at_8_s", "extend_forward_s"))
     return out
+
+
+def report_on_over_off(name: str, out: dict, keys: tuple[str, ...]) -> None:
+    """Adds out["ratio_on_over_off"] (flag on over off, per key; None where a side measured nothing) and prints it."""
+    ratios = {key: round(out["on"][key] / out["off"][key], 2) if out["on"][key] and out["off"][key] else None
+              for key in keys}
+    out["ratio_on_over_off"] = ratios
+    print(f"{name}: " + "; ".join(f"{key} off {out['off'][key]} s, on {out['on'][key]} s (x{ratios[key]})"
+                                  for key in keys), flush=True)
 
 
 def in_process(rounds: int, new_tokens: int, preset: str) -> dict:
@@ -129,12 +133,7 @@ def in_process(rounds: int, new_tokens: int, preset: str) -> dict:
     for flag in ("off", "on"):
         for key in ("extend_batch_of_8_s", "decode_step_at_8_s"):
             out[flag][key] = round(statistics.mean(out[flag][key]), 4)
-    out["ratio_on_over_off"] = {key: round(out["on"][key] / out["off"][key], 2)
-                                for key in ("extend_batch_of_8_s", "decode_step_at_8_s")}
-    print(f"extend of 8: off {out['off']['extend_batch_of_8_s']:.2f} s, on {out['on']['extend_batch_of_8_s']:.2f} s "
-          f"(x{out['ratio_on_over_off']['extend_batch_of_8_s']}); decode step at 8: off "
-          f"{out['off']['decode_step_at_8_s']:.3f} s, on {out['on']['decode_step_at_8_s']:.3f} s "
-          f"(x{out['ratio_on_over_off']['decode_step_at_8_s']})", flush=True)
+    report_on_over_off("in-process", out, ("extend_batch_of_8_s", "decode_step_at_8_s"))
     return out
 
 
