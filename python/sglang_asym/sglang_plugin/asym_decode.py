@@ -41,6 +41,7 @@ from .settings import AsymSettings, settings_of
 from .window_batch import WindowChunk, run_window_chunks
 
 log = logging.getLogger(__name__)
+_RAISED_ATTR = "_sglang_asym_budget_raised"  # the scheduler logged the deterministic budget raise once
 
 WINDOW_ATTR = "_sglang_asym_window"
 STEP_ATTR = "_sglang_asym_window_steps"
@@ -124,14 +125,32 @@ def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: An
     return result
 
 
+def step_budget(settings: AsymSettings, max_running: int, deterministic: bool) -> int:
+    """Rows per step: the configured budget, at least every running request's decode row and one window;
+    with deterministic inference also room for a whole window chunk beside max_running - 1 decode rows
+    (its chunks are whole or wait, so a smaller budget would leave the queue head waiting for ever)."""
+    budget = max(settings.token_budget, max_running, settings.window)
+    chunk = settings.chunk_rows
+    if deterministic and chunk is not None and budget < max_running - 1 + chunk:
+        budget = max_running - 1 + chunk
+    return budget
+
+
 def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
     """The budget policy for this server (decode rows are 1 per running request: no speculation here)."""
     max_running = int(scheduler.max_running_requests)
-    budget = max(settings.token_budget, max_running, settings.window)
+    deterministic = deterministic_inference()
+    budget = step_budget(settings, max_running, deterministic)
+    raised = budget > max(settings.token_budget, max_running, settings.window)
+    if raised and not getattr(scheduler, _RAISED_ATTR, False):
+        setattr(scheduler, _RAISED_ATTR, True)
+        log.warning("sglang-asym: --asym-token-budget %d leaves no room for a whole %d-row window chunk beside %d "
+                    "running requests under --enable-deterministic-inference; using %d rows per step",
+                    settings.token_budget, settings.chunk_rows, max_running, budget)
     return SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, settings.window),
                            max_running=max_running, num_draft_tokens=0, window=settings.window,
                            mode=StepMode.SEPARATE, window_chunk=settings.chunk_rows,
-                           deterministic=deterministic_inference())  # whole chunks on the grid from B
+                           deterministic=deterministic)  # whole chunks on the grid from B
 
 
 def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> int:

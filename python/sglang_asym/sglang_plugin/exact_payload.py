@@ -93,7 +93,8 @@ def group_blocks(pool: Any, split: SplitPlan, group: RowGroup, rows: range, src_
     try:
         i = list(src.ptrs).index(base)
     except ValueError:
-        raise ExactPayloadError(f"{group.name}: its pool buffer is not among this server's registered entries") from None
+        raise ExactPayloadError(f"{group.name}: its pool buffer is not among this server's registered entries"
+                                ) from None
     dst_base = dst.ptrs[_entry_pairs(src, dst)[i]]
     stride = src_sites[0].buffer.shape[1]
     blocks = []
