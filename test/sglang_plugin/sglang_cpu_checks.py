@@ -839,6 +839,9 @@ ASYM_RELIED_ON = {
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.__init__": ["target=self.transfer_worker,"],
     "sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics": [
         "total_bytes = transfer_metric.transfer_total_bytes"],
+    # deterministic.py: the flag's chunk alignment is the scheduler's truncation_align_size, set here
+    "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config": [
+        "self.truncation_align_size = (", "if not get_exec().deterministic.enable_deterministic_inference:"],
     "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue._init_kv_manager": [
         "setup_state_kv_args(", "kv_manager_class = get_kv_class(self.transfer_backend, KVClassType.MANAGER)"],
 }
@@ -857,6 +860,8 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker",
     "sglang.srt.disaggregation.utils.build_transfer_entry_pairs",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric",
+    "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode",
+    "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config",
 )
 
 

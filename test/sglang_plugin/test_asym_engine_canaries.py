@@ -47,6 +47,9 @@ EXPECTED_SIGNATURES = {
                                      "target_rank_registration_info"],
     f"{MOONCAKE}.transfer_worker": ["self", "queue", "executor", "staging_buffer", "worker_index"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric": ["self"],
+    # deterministic.py's scheduler patches (SGLang's --enable-deterministic-inference on CPU)
+    "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode": ["self"],
+    "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config": ["self"],
     "sglang.srt.disaggregation.utils.build_transfer_entry_pairs":
         ["src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback"],
 }

@@ -71,11 +71,15 @@ def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(repo
     patches, whose list test_cpu_engine_canaries.py pins."""
     from sglang_asym.sglang_plugin import hooks
     from sglang_asym.sglang_plugin.cpu_patches import CPU_PATCHES, SCHEDULER
+    from sglang_asym.sglang_plugin.deterministic import DETERMINISTIC_PATCHES
 
     before, after = report["patched"]
     assert "sglang.srt.model_loader.loader._initialize_model" not in before
     cpu = {p.target for p in CPU_PATCHES if p.process == SCHEDULER and p.kind != "ATTRIBUTE"}
     assert len(cpu) == 9
+    # --enable-deterministic-inference's scheduler patches are installed with them (they act only with the flag)
+    cpu |= {p.target for p in DETERMINISTIC_PATCHES if p.process == SCHEDULER}
+    assert len(cpu) == 11
     asym = {target for target, _, _ in hooks.scheduler_hook_table()}
     assert len(asym) == 12 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
     assert sorted(set(after) - set(before)) == sorted(asym | cpu)
