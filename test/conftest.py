@@ -1,7 +1,12 @@
 """Shared test setup: one torch thread per test process (CI has 2 cores; oversubscription makes
 small-tensor CPU work tens of times slower), and the memory a test module cached is given back when the
 module ends: its `lru_cache`d models and weights (the small config's are gigabytes) would otherwise stay
-in the pytest process for the whole session, beside the servers the system tests start later."""
+in the pytest process for the whole session, beside the servers the system tests start later.
+
+The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start servers of
+gigabytes each, form one xdist group that goes first to one worker and runs there in file order; the
+other worker takes the in-process tests meanwhile, each on one torch thread, so the second core is no
+longer idle while a unit test computes."""
 
 from __future__ import annotations
 
@@ -16,6 +21,18 @@ import torch
 torch.set_num_threads(1)
 
 TEST_ROOT = Path(__file__).resolve().parent
+SERVER_TESTS = TEST_ROOT / "system"
+SERVER_GROUP = "servers"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The server-starting system tests: one xdist group, moved to the front so that its worker starts on
+    it at once (xdist hands out groups in collection order)."""
+    servers = [item for item in items if Path(str(item.path)).resolve().is_relative_to(SERVER_TESTS)]
+    for item in servers:
+        item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
+    chosen = set(map(id, servers))
+    items[:] = servers + [item for item in items if id(item) not in chosen]
 
 
 def _test_modules():
