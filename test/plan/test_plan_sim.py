@@ -1,7 +1,10 @@
 """The simulator on fixed step times: exact TTFT and ITL per mode, burst ITL with and without the budget policy
-(the real scheduler decides), conservation under load, and bad input."""
+(the real scheduler decides), decode steps delayed beside a prefill on the same machine, conservation under load,
+and bad input."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -64,6 +67,28 @@ def test_colocated_split_with_its_own_prefill_worker() -> None:
     assert run_one(cfg) == pytest.approx((0.72 + 4.0, 5.72, 6.72))
 
 
+def test_colocated_prefix_thread_delays_the_decode_steps_it_overlaps() -> None:
+    # a: prefix 72 tokens (0.72 s), four 1 s window chunks -> first token 4.72. b arrives at 4.0; its 247-token prefix
+    # runs 4.0-6.47. a's step at 4.72 lies wholly beside it (+0.25 s); the one at 5.97 for half its 1 s (+0.125 s).
+    # The step starting at 3.72 is not delayed: b's prefix starts during it.
+    cfg = cluster("colocated", colocated_prefill_in_step=False, colocated_split=True, colocated_step_delay_s=0.25)
+    res = Simulator(cfg, record_token_times=True).run([SimRequest("a", 0.0, 200, 3), SimRequest("b", 4.0, 375, 2)], SLO)
+    assert res.token_times["a"] == pytest.approx((4.72, 5.97, 7.095))
+    assert res.token_times["b"] == pytest.approx((11.095, 12.095))  # its window steps run beside no prefill
+    undelayed = Simulator(dataclasses.replace(cfg, colocated_step_delay_s=0.0), record_token_times=True)
+    assert undelayed.run([SimRequest("a", 0.0, 200, 3), SimRequest("b", 4.0, 375, 2)], SLO).token_times["a"] == \
+        pytest.approx((4.72, 5.72, 6.72))
+
+
+def test_cohosted_prefill_delays_d_steps() -> None:
+    # symmetric: a joins D at 2.01 (2 s prefill + 10 ms); b's 1 s prefill on P runs 2.5-3.5, so a's step at 2.01
+    # (b not yet arrived) is not delayed and its step at 3.01 overlaps for 0.49 of its 1 s: +0.49 * 0.2 s
+    cfg = cluster("symmetric", cohosted_step_delay_s=0.2)
+    res = Simulator(cfg, record_token_times=True).run([SimRequest("a", 0.0, 200, 3), SimRequest("b", 2.5, 100, 1)], SLO)
+    assert res.token_times["a"] == pytest.approx((2.01, 3.01, 4.01 + 0.49 * 0.2))
+    assert res.token_times["b"] == pytest.approx((4.01 + 0.49 * 0.2,))  # it reached D at 3.51 and joins at the next step
+
+
 def _burst(policy: str, chunk: int | None) -> tuple[float, float]:
     """4 requests decoding, then 4 windows at once: the running requests' largest gap, and the last TTFT."""
     model = FixedSteps(step_s=1.0, per_window_row_s=0.01)
@@ -116,6 +141,8 @@ def test_progress_bar_run() -> None:
      "num_draft_tokens must be 0"),
     (lambda: ClusterConfig("asym", FixedSteps(), sched()), "needs >= 1 prefill replica and a prefill model"),
     (lambda: ClusterConfig("pd", FixedSteps(), sched()), "unknown mode 'pd'"),
+    (lambda: cluster("colocated", colocated_step_delay_s=-0.01), "colocated_step_delay_s must be a finite number"),
+    (lambda: cluster("asym", cohosted_step_delay_s=True), "cohosted_step_delay_s must be a finite number"),
 ])
 def test_bad_input(make, message: str) -> None:
     with pytest.raises(PlanInputError, match=message):

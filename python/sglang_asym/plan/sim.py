@@ -13,6 +13,15 @@ layers; D re-runs the last W), symmetric (P runs the whole prompt on the full mo
 token; D decodes), colocated (one full-model replica does both: its prefill either runs on its own worker
 beside the decode loop, as the project's CPU server does, or is folded into the decode steps, as on a GPU).
 Speculative decoding is not simulated (num_draft_tokens must be 0).
+
+Prefill beside decode on shared cores (the CPU servers; off by default): a decode step that starts while a prefill
+runs on the same machine takes a fixed extra time, in proportion to the part of the step that prefill keeps running
+(all of it when more prefill is queued behind the running chunk; a prefill that starts during a step does not delay
+it). `colocated_step_delay_s` is for a colocated replica's own prefix thread: one Python process, so the decode
+loop's interpreter-bound per-step work waits for the lock the prefix thread takes between its kernels, a cost per
+step rather than per row. `cohosted_step_delay_s` is for a P replica's prefill in another process on the same cores
+(every P replica counts as on every D replica's machine, as in the CPU benchmarks). The prefill itself is not
+slowed here: the CPU validation scales it by the prefill time the servers reported in that run.
 """
 
 from __future__ import annotations
@@ -83,9 +92,15 @@ class ClusterConfig:
     colocated_prefill_in_step: bool = True  # GPU: prefill chunks are part of the decode steps
     colocated_split: bool = False  # the project's null mode: prefix [0, N - W) then a window step
     model_cfg: V41Config = V41Config()  # whose row formats the payload is counted in
+    colocated_step_delay_s: float = 0.0  # extra time of a decode step beside the replica's own prefix thread
+    cohosted_step_delay_s: float = 0.0  # extra time of a decode step beside a P replica's prefill
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode.parse(self.mode))
+        for name in ("colocated_step_delay_s", "cohosted_step_delay_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise PlanInputError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
         if self.sched.num_draft_tokens != 0:
             raise PlanInputError("the simulator does not model speculative decoding: num_draft_tokens must be 0")
         for name in ("decode_replicas", "decode_ranks", "prefill_chunk", "decode_gpus"):
@@ -153,13 +168,16 @@ class _PrefillWorker:
         self.queue: deque[_Req] = deque()
         self.busy = False
         self.busy_s = 0.0
+        self.runs_until = 0.0  # while busy: the running chunk's end, or inf when more prefill is queued behind it
 
     def queued_tokens(self) -> int:
         return sum(r.prefill_left for r in self.queue)
 
     def submit(self, req: _Req) -> None:
         self.queue.append(req)
-        if not self.busy:
+        if self.busy:
+            self.runs_until = math.inf
+        else:
             self._start()
 
     def take_chunk(self) -> list[tuple[_Req, int]]:
@@ -185,6 +203,9 @@ class _PrefillWorker:
         seconds = self.model.prefill_step_s([(n, self._done_tokens(r)) for r, n in chunk], self.role)
         self.busy = True
         self.busy_s += seconds
+        taken = {id(r): n for r, n in chunk}
+        more = any(r.prefill_left > taken.get(id(r), 0) for r in self.queue)
+        self.runs_until = math.inf if more else now + seconds
         self.sim.events.at(now + seconds, self._finish, chunk)
 
     def _done_tokens(self, req: _Req) -> int:
@@ -274,11 +295,21 @@ class _DecodeReplica:
         if not planned and not prefill_chunk:
             self.busy = False
             return
+        seconds = self._beside_prefill(now, seconds)
         self.busy = True
         self.busy_s += seconds
         self.steps += 1
         self.sim.sample_queues(self)
         self.sim.events.at(now + seconds, self._step_done, planned, prefill_chunk)
+
+    def _beside_prefill(self, now: float, seconds: float) -> float:
+        """The step's duration beside a prefill running on the same machine: the delay in proportion to the part of
+        the step the prefill keeps running (all of it if more prefill is queued behind the running chunk)."""
+        if seconds <= 0:
+            return seconds
+        extra = max((delay * min(1.0, (worker.runs_until - now) / seconds)
+                     for worker, delay in self.sim.cohosted(self) if worker.busy), default=0.0)
+        return seconds + extra
 
     def _take_local_prefill(self) -> list[tuple[_Req, int]]:
         budget, out = self.sim.cfg.prefill_chunk, []
@@ -375,6 +406,15 @@ class Simulator:
         worker = min(self.prefill, key=_PrefillWorker.queued_tokens)
         self.prefill_queue_samples.append(len(worker.queue))
         worker.submit(req)
+
+    def cohosted(self, replica: _DecodeReplica) -> list[tuple[_PrefillWorker, float]]:
+        """Prefill workers sharing `replica`'s machine, with the delay each puts on its decode steps."""
+        out = []
+        if replica.prefill_worker is not None and self.cfg.colocated_step_delay_s > 0:
+            out.append((replica.prefill_worker, self.cfg.colocated_step_delay_s))
+        if self.cfg.cohosted_step_delay_s > 0:
+            out += [(w, self.cfg.cohosted_step_delay_s) for w in self.prefill]
+        return out
 
     def _local_done(self, replica: _DecodeReplica) -> Callable[[_Req, float], None]:
         return lambda req, _share: replica.admit(req)
