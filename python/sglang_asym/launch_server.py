@@ -20,6 +20,7 @@ from .config import DEFAULT_WINDOW, ConfigError
 from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
 from .sched.config import DEFAULT_WINDOW_CHUNK, chunk_rows_for
 from .split import Semantics
+from .runtime.engine.options import TRANSFER_FALLBACKS
 
 MODES = ("null", "asym-prefill", "asym-decode", "prefill", "decode")
 logger = logging.getLogger("sglang_asym.launch_server")
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "off by default)")
     p.add_argument("--transfer-timeout", type=float, default=30.0,
                    help="seconds a decode request waits for its prefill worker to start the transfer")
+    p.add_argument("--transfer-fallback", choices=list(TRANSFER_FALLBACKS), default="off",
+                   help="asym-decode: what a request whose prefix transfer fails or times out gets. off: an "
+                        "error; recompute: the decode worker (it holds the full model) computes the whole "
+                        "prompt itself, one such prefix at a time (logged and counted on /metrics)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -82,6 +87,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.window_chunk_size is not None and not 0 <= args.window_chunk_size <= args.asym_window:
         raise SystemExit(f"error: --window-chunk-size must be in [0, --asym-window={args.asym_window}] (0 runs "
                          f"every window whole in one step), got {args.window_chunk_size}")
+    if args.transfer_fallback != "off" and args.disaggregation_mode != "asym-decode":
+        raise SystemExit(f"error: --transfer-fallback {args.transfer_fallback} applies to --disaggregation-mode "
+                         f"asym-decode only (the worker that receives prefixes), got {args.disaggregation_mode}")
     from .runtime.engine.options import DEFAULT_SEMANTICS, check_mode_semantics
 
     if args.asym_semantics is None:
@@ -142,7 +150,8 @@ def engine_options(args: argparse.Namespace):
                          max_total_tokens=args.max_total_tokens, prefill_chunk=args.chunked_prefill_size,
                          transfer_timeout_s=args.transfer_timeout, graph_backend=args.graph_backend,
                          bootstrap_port=args.disaggregation_bootstrap_port, scheduler=sched,
-                         deterministic=args.enable_deterministic_inference)
+                         deterministic=args.enable_deterministic_inference,
+                         transfer_fallback=args.transfer_fallback)
 
 
 def build_engine(args: argparse.Namespace):

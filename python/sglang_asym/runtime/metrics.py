@@ -71,6 +71,10 @@ class EngineMetrics:
                                               _LABELS, buckets=_BYTES_BUCKETS, registry=reg))
         self._transfer_failures = bind(Counter("sglang:num_transfer_failed_reqs", "Requests whose transfer failed.",
                                                _LABELS, registry=reg))
+        self._transfer_fallbacks = bind(Counter("sglang_asym:transfer_fallback_recompute",
+                                                "Requests whose failed prefix transfer the decode worker "
+                                                "recomputed itself (--transfer-fallback recompute).", _LABELS,
+                                                registry=reg))
         self._window_seconds = bind(Histogram("sglang_asym:window_step_seconds", "Decode-side window step latency.",
                                               _LABELS, buckets=_LATENCY_BUCKETS, registry=reg))
         self._window_tokens = bind(Counter("sglang_asym:window_step_tokens", "Tokens run in window steps.", _LABELS,
@@ -114,6 +118,9 @@ class EngineMetrics:
 
     def count_transfer_failure(self) -> None:
         self._transfer_failures.inc()
+
+    def count_transfer_fallback(self) -> None:
+        self._transfer_fallbacks.inc()
 
     def observe_window_step(self, seconds: float, num_tokens: int) -> None:
         self._window_seconds.observe(seconds)

@@ -20,6 +20,10 @@ DEFAULT_SEMANTICS = {"null": Semantics.ASYM_EXACT_ENCODER, "asym-prefill": Seman
 # CUDA model, else eager).
 GRAPH_BACKENDS = ("auto", "eager", "cuda_graph", "emulated_graph")
 
+# What an asym-decode request gets when its prefix transfer fails or times out: off (an error) or
+# recompute (D computes the prefix itself with its full model, as the colocated engine does).
+TRANSFER_FALLBACKS = ("off", "recompute")
+
 
 def check_mode_semantics(mode: str, semantics: Semantics | str) -> Semantics:
     """The semantics a --disaggregation-mode can serve; ValueError with the reason otherwise."""
@@ -57,6 +61,7 @@ class EngineOptions:
     # --enable-deterministic-inference: every forward runs one request (model.deterministic) and windows
     # run in fixed chunks, so a request's tokens do not depend on what else is served (costs batching)
     deterministic: bool = False
+    transfer_fallback: str = "off"  # --transfer-fallback (asym-decode): one of TRANSFER_FALLBACKS
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
         token_budget=256, max_window_rows_per_step=256, max_running=8, num_draft_tokens=0))
 
@@ -73,5 +78,8 @@ class EngineOptions:
             raise ValueError("max_running, max_total_tokens and prefill_chunk must be positive")
         if self.graph_backend not in GRAPH_BACKENDS:
             raise ValueError(f"--graph-backend must be one of {list(GRAPH_BACKENDS)}, got {self.graph_backend!r}")
+        if self.transfer_fallback not in TRANSFER_FALLBACKS:
+            raise ValueError(f"--transfer-fallback must be one of {list(TRANSFER_FALLBACKS)}, "
+                             f"got {self.transfer_fallback!r}")
         if self.transfer_timeout_s <= 0:
             raise ValueError(f"transfer timeout must be > 0, got {self.transfer_timeout_s}")

@@ -82,10 +82,7 @@ class PrefillEngineBase(EngineBase):
             return
         split = self.split_for(req)
         manifest = self.payload_manifest(req, split)
-        try:
-            slots = {g.name: self.allocators[g.name].allocate(g.num_rows) for g in manifest.groups}
-        except SlotsExhaustedError as exc:
-            raise EngineOverloadedError(f"prefill worker has no free transfer rows: {exc}") from None
+        slots = self._allocate(manifest)
         try:
             sender = self.manager.create_sender(req.bootstrap.room, manifest, slots)
         except DuplicateRoomError as exc:
@@ -142,6 +139,18 @@ class PrefillEngineBase(EngineBase):
             if ready > sent[g.name]:
                 self.ship(sender, g.name, cache.rows(g.name).read(sent[g.name], ready), slots, sent)
         return sender.poll() != KVPoll.Failed
+
+    def _allocate(self, manifest: PayloadManifest) -> dict[str, np.ndarray]:
+        """Source slots for every group or none: a shortage in one group frees what the others took (a
+        partial take used to leak under load until every later request was refused)."""
+        taken: dict[str, np.ndarray] = {}
+        try:
+            for g in manifest.groups:
+                taken[g.name] = self.allocators[g.name].allocate(g.num_rows)
+        except SlotsExhaustedError as exc:
+            self._free(taken)
+            raise EngineOverloadedError(f"prefill worker has no free transfer rows: {exc}") from None
+        return taken
 
     def _free(self, slots) -> None:
         for name, s in slots.items():
