@@ -1,6 +1,7 @@
 """Faults and recovery on one shared P + D + router stack (tiny checkpoint, sglang-router with its circuit
 breaker on): aborts, clients gone before the first token, D and then P frozen (SIGSTOP) past the transfer
-timeout, D killed (-9) and restarted on its port, D drained by SIGTERM, and more requests than D runs at once.
+timeout, D killed (-9) mid-stream and mid-transfer and restarted on its port, P killed and restarted, D and
+P drained by SIGTERM, and more requests than D runs at once.
 Each scenario states its bound: the client gets an HTTP error status or an SSE error event (or its full
 answer) within it; the surviving worker keeps serving; every pool returns exactly to its start value; the
 next request through the router is served. Measured times go to $SGLANG_ASYM_RELIABILITY_OUT."""
@@ -361,3 +362,76 @@ def test_more_requests_than_decode_runs_at_once(pair):
     assert served(router, 40)
     record("decode_over_max_running", concurrent=n, decode_max_running=D_MAX_RUNNING, statuses=statuses,
            all_answered_s=round(seconds, 3), pools_back=back)
+
+
+def test_killed_decode_mid_transfer(pair):
+    """kill -9 D while P computes and ships a 3000-token prefix to it: the client gets an error within
+    DEAD_D_ANSWER_S, P's pools come back, and D restarted on its port serves again within RESTART_SERVE_S."""
+    router = pair.router.url
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        in_transfer = pool.submit(post, router + "/generate", stream_body(70, n_in=3000, n_out=8), 60)
+        deadline = time.monotonic() + 20
+        while pools(pair.prefill)["transfer"]["open_rooms"] == 0:  # P took D's handshake: rows are going out
+            assert time.monotonic() < deadline and not in_transfer.done(), "the transfer never started"
+            time.sleep(0.02)
+        time.sleep(0.2)
+        open_rooms = pools(pair.decode)["transfer"]["open_rooms"]
+        os.kill(pair.decode.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        status, body = in_transfer.result(timeout=DEAD_D_ANSWER_S + 30)
+        answered_s = time.monotonic() - killed
+    pair.decode.proc.wait(10)
+    assert status >= 500 and "error" in body, body
+    assert answered_s < DEAD_D_ANSWER_S and open_rooms == 1
+    p_back = round(wait_pools(pair.prefill, pair.start_pools["prefill"], POOLS_BACK_S), 3)
+    assert health_generate(pair.prefill.url) == 200
+    startup_s = pair.restart_decode()
+    healthy = time.monotonic()
+    while post(router + "/generate", small(90), 60)[0] != 200:
+        assert time.monotonic() - healthy < RESTART_SERVE_S, "the restarted D is not served through the router"
+        time.sleep(0.2)
+    serve_again_s = time.monotonic() - healthy
+    back = pools_back(pair)
+    record("kill9_decode_mid_transfer", answer_bound_s=DEAD_D_ANSWER_S, status=status,
+           error=body["error"].get("message", "")[:160] if isinstance(body.get("error"), dict) else str(body)[:160],
+           answered_after_kill_s=round(answered_s, 3), decode_open_rooms_at_kill=open_rooms,
+           prefill_pools_back_s=p_back, decode_startup_s=round(startup_s, 3),
+           serve_again_after_healthy_s=round(serve_again_s, 3), pools_back=back)
+
+def test_sigterm_drains_prefill(pair):
+    """SIGTERM P while it computes a 3000-token prefix: that request is answered whole, a new one fails
+    clearly, P exits 0; P restarted on its ports serves again."""
+    router = pair.router.url
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(post, router + "/generate", stream_body(80, n_in=3000, n_out=8), 60)
+        deadline = time.monotonic() + 20
+        while pools(pair.prefill)["transfer"]["open_rooms"] == 0:
+            assert time.monotonic() < deadline and not running.done(), "the request never reached P's transfer"
+            time.sleep(0.02)
+        term = time.monotonic()
+        os.kill(pair.prefill.proc.pid, signal.SIGTERM)
+        time.sleep(0.2)
+        status, body = post(router + "/generate", small(81), 60)
+        refused_s = time.monotonic() - term
+        run_status, run_body = running.result(timeout=60)
+        finished_s = time.monotonic() - term
+    exit_code = pair.prefill.proc.wait(DRAIN_EXIT_S)
+    exited_s = time.monotonic() - term
+    assert status >= 500 and "error" in body and refused_s < DEAD_D_ANSWER_S + 0.2, (status, body)
+    assert run_status == 200 and run_body["meta_info"]["completion_tokens"] == 8, run_body
+    assert exit_code == 0
+    d_back = round(wait_pools(pair.decode, pair.start_pools["decode"], POOLS_BACK_S), 3)
+    startup_s = pair.restart_prefill()
+    healthy = time.monotonic()
+    tries = []
+    while (answer := post(router + "/generate", small(82), 60))[0] != 200:
+        tries.append(answer[0])
+        assert time.monotonic() - healthy < RESTART_SERVE_S, ("the restarted P is not served", answer)
+        time.sleep(0.2)
+    serve_again_s = time.monotonic() - healthy
+    back = pools_back(pair)
+    record("sigterm_drain_prefill", failed_before_served_again=tries, new_request_bound_s=DEAD_D_ANSWER_S, new_request_status=status,
+           new_request_error=body["error"].get("message", "")[:160] if isinstance(body.get("error"), dict) else str(body)[:160],
+           new_request_failed_after_s=round(refused_s, 3), in_flight_answered_after_sigterm_s=round(finished_s, 3),
+           exit_code=exit_code, exited_after_s=round(exited_s, 3), decode_pools_back_s=d_back,
+           prefill_startup_s=round(startup_s, 3), serve_again_after_healthy_s=round(serve_again_s, 3), pools_back=back)

@@ -229,6 +229,10 @@ class DecodeTransferManager:
                     continue
                 if room.state == KVPoll.Bootstrapping and now - room.created_at > cfg.bootstrap_timeout_s:
                     self._fail(room, f"prefill did not accept within {cfg.bootstrap_timeout_s:g}s", True)
+                    # A P restarted on its bootstrap port listens on a new control endpoint: look it up
+                    # again for the next room instead of handshaking with the old one forever.
+                    if self._endpoints.get(room.bootstrap_addr) == room.peer:
+                        del self._endpoints[room.bootstrap_addr]
                 elif room.state == KVPoll.WaitingForInput and now - room.accepted_at > cfg.waiting_timeout_s:
                     self._fail(room, f"no completion within {cfg.waiting_timeout_s:g}s of the handshake", True)
                 elif room.handshake_sent:
