@@ -105,7 +105,8 @@ class AsymDecodeEngine(DecodeEngineBase):
                     self.metrics.count_transfer_fallback()
                     t0 = time.perf_counter()
                     prefix = await self._prefix_here(prompt, split)
-                    final_meta = {"transfer_fallback": "recompute", "fallback_prefix_compute_s": time.perf_counter() - t0}
+                    final_meta = {"transfer_fallback": "recompute",
+                                  "fallback_prefix_compute_s": time.perf_counter() - t0}
                     error = "request aborted on the decode worker" if req.rid in self._aborted else None
                 if error is not None:
                     yield TokenEvent(req.rid, (), True, FinishReason.abort(error), error=error)
