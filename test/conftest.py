@@ -4,8 +4,8 @@ module ends: its `lru_cache`d models and weights (the small config's are gigabyt
 in the pytest process for the whole session, beside the servers the system tests start later.
 
 The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start servers of
-gigabytes each, form one xdist group that goes first to one worker and runs there in file order; the
-other worker takes the in-process tests meanwhile, each on one torch thread, so the second core is no
+gigabytes each, form one scope that goes first to one worker and runs there in file order; the other
+worker takes the in-process test modules meanwhile, each on one torch thread, so the second core is no
 longer idle while a unit test computes."""
 
 from __future__ import annotations
@@ -25,14 +25,36 @@ SERVER_TESTS = TEST_ROOT / "system"
 SERVER_GROUP = "servers"
 
 
+def _starts_servers(item) -> bool:
+    return Path(str(item.path)).resolve().is_relative_to(SERVER_TESTS)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The server-starting system tests: one xdist group, moved to the front so that its worker starts on
-    it at once (xdist hands out groups in collection order)."""
-    servers = [item for item in items if Path(str(item.path)).resolve().is_relative_to(SERVER_TESTS)]
-    for item in servers:
-        item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
+    """The server-starting tests move to the front, so that one worker starts on them at once (xdist
+    hands out scopes in collection order)."""
+    servers = [item for item in items if _starts_servers(item)]
     chosen = set(map(id, servers))
     items[:] = servers + [item for item in items if id(item) not in chosen]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` here means: every system test in one scope (one worker, file order), every
+    other module a scope of its own (a module's cached models load on one worker only). xdist 3.8's own
+    loadgroup marks groups by rewriting `item._nodeid`, which pytest 9 no longer reads."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # keep collection order: the server scope first
+
+    class ServerGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(SERVER_TESTS.relative_to(TEST_ROOT.parent).as_posix() + "/"):
+                return SERVER_GROUP
+            return super()._split_scope(nodeid)
+
+    return ServerGroupScheduling(config, log)
 
 
 def _test_modules():

@@ -5,19 +5,20 @@ with the project's reference forward over SGLang's DeepSeekV4TokenToKVPool (cpu_
 Against the embedded runtime's `--disaggregation-mode null` (decoder replay, computed exactly):
 - `null` with a chunked-prefill size above the prompt, and SGLang's symmetric `prefill` / `decode`
   over Mooncake behind sglang-router and smg, give the same greedy tokens for N in {1, 127, 128, 129,
-  130, 600, 1500}, one request at a time;
+  130, 600, 1500}, one request at a time, and after each of the pair's transfers D's pool holds P's rows
+  byte for byte;
 - with a chunked-prefill size below the prompt, SGLang's chunks are other forwards than the embedded
   runtime's one-pass prefix (a release-format rounding can flip between them), so the greedy tokens
   are checked against the reference model run in-process over exactly those chunks;
 - 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
-  serving; aborted requests leave SGLang's own pool counters where they started.
+  serving; aborted requests, and requests SGLang retracts (its SGLANG_TEST_RETRACT switch, on D and on
+  a colocated server), leave SGLang's own pool counters where they started.
 The file sorts before the other system tests on purpose: its five servers are up and gone before the
 session's embedded cluster starts, which keeps the suite's peak memory within the 24 GB machine.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import urllib.error
 from pathlib import Path
 
@@ -28,13 +29,17 @@ from sglang_asym.runtime.router_launch import RouterFlavor
 from sglang_asym.runtime.server_process import post, start_server
 
 from .helpers import serving
-from .sglang_servers import (NEW_TOKENS, equal_pool_dumps, greedy, patient_router, prompt_of, settle, sglang_server,
-                             write_sglang_checkpoint)
+from .sglang_servers import (NEW_TOKENS, equal_pool_dumps, greedy, greedy_together, metric_sum, patient_router,
+                             prompt_of, settle, sglang_server, write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1500)
 
 LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
 SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
+# SGLang's own retraction test switch: every third decode forward retracts one request of the running
+# batch (never the last one, so the one-request-at-a-time tests on these servers are not touched)
+RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
+RETRACTED = "sglang:num_retracted_requests_total"
 
 
 @pytest.fixture(scope="module")
@@ -55,46 +60,57 @@ def engines(sglang_checkpoint, dumps, tmp_path_factory):
     servers = {
         "reference": start_server("null", sglang_checkpoint, logs),  # the embedded runtime
         "null": sglang_server("null", sglang_checkpoint, logs),
-        "null_small_chunks": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK)),
+        "null_small_chunks": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK),
+                                           env=RETRACT_ENV),
         "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=dump_env),
-        "decode": sglang_server("decode", sglang_checkpoint, logs, env=dump_env),
+        "decode": sglang_server("decode", sglang_checkpoint, logs, env={**dump_env, **RETRACT_ENV}),
     }
     with serving(servers, timeout_s=600):
         yield servers
 
 
+_REFERENCE: dict[int, list[int]] = {}
+
+
+def reference(engines, n: int) -> list[int]:
+    """The embedded runtime's greedy tokens for prompt_of(n), computed once per module (the null and both
+    router tests compare against the same prompts)."""
+    if n not in _REFERENCE:
+        _REFERENCE[n] = greedy(engines["reference"].url, prompt_of(n))
+    return _REFERENCE[n]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_the_reference():
+    yield
+    _REFERENCE.clear()
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 def test_null_equals_the_embedded_runtime(engines, n):
-    prompt = prompt_of(n)
-    assert greedy(engines["null"].url, prompt) == greedy(engines["reference"].url, prompt)
+    assert greedy(engines["null"].url, prompt_of(n)) == reference(engines, n)
 
 
 @pytest.mark.parametrize("flavor, lengths", [(RouterFlavor.SGLANG_ROUTER, LENGTHS), (RouterFlavor.SMG, (1, 129, 600))],
                          ids=["sglang-router", "smg"])
-def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, flavor, lengths):
-    with patient_router(engines["prefill"], engines["decode"], flavor) as router:
-        for n in lengths:
-            prompt = prompt_of(n)
-            assert greedy(router.url, prompt) == greedy(engines["reference"].url, prompt), f"N={n}"
-
-
-def test_after_a_symmetric_transfer_d_holds_ps_rows_byte_for_byte(engines, dumps):
-    """Every row a later step reads (each layer's last-window rows, every compressed row and index key,
-    the pending compressor token), read out of P's pool after its prefill and out of D's pool right
-    after SGLang's Mooncake transfer committed the request, at each side's own slots."""
+def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, dumps, flavor, lengths):
+    """Equal greedy tokens; and after each transfer, every row a later step reads (each layer's last-window
+    rows, every compressed row and index key, the pending compressor token), read out of P's pool after
+    its prefill and out of D's pool right after SGLang's Mooncake transfer committed the request, is the
+    same at each side's own slots, byte for byte."""
     for old in dumps.glob("*.npz"):
         old.unlink()
-    with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-        for n in (129, 600, 1501):
-            greedy(router.url, prompt_of(n))
+    with patient_router(engines["prefill"], engines["decode"], flavor) as router:
+        for n in lengths:
+            assert greedy(router.url, prompt_of(n)) == reference(engines, n), f"N={n}"
     seen_lengths = []
-    for n, p in equal_pool_dumps(dumps, 3):
+    for n, p in equal_pool_dumps(dumps, len(lengths)):
         seen_lengths.append(n)
         assert ("tail.L2" in p) == (n % 2 == 1)
         assert p["swa.L39"].shape == (min(n, 128), 528) and p["kv.L20"].shape == (n, 288)
         assert p["kv.L2"].shape == (n // 2, 288) and p["index.L2"].shape == (n // 2, 68)
         assert p["kv.L20"].any() and p["swa.L0"].any()  # real rows, not an empty pool
-    assert sorted(seen_lengths) == [129, 600, 1501]
+    assert sorted(seen_lengths) == sorted(lengths)
 
 
 def _reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int) -> list[int]:
@@ -128,12 +144,30 @@ def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engine
         _reference_greedy_over_chunks(sglang_checkpoint, prompt, SMALL_CHUNK)
 
 
-def test_eight_concurrent_requests_through_the_pair_all_complete(engines):
-    with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-        prompts = [prompt_of(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)]
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            outputs = list(pool.map(lambda p: greedy(router.url, p), prompts))
+def test_eight_concurrent_requests_through_the_pair_complete_through_retractions(engines):
+    """8 concurrent requests through the pair all complete while D's SGLang retracts decoding requests
+    (back to its prealloc queue, their rows kept in SGLang's host backup); afterwards SGLang's used-token
+    counters are back at zero on P and D."""
+    pair = [engines["prefill"], engines["decode"]]
+    retracted_before = metric_sum(engines["decode"], RETRACTED) or 0.0
+    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
+        outputs = greedy_together(router.url, [prompt_of(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)])
     assert [len(o) for o in outputs] == [NEW_TOKENS] * 8
+    assert (metric_sum(engines["decode"], RETRACTED) or 0.0) > retracted_before
+    assert settle(pair) == [0, 0]
+
+
+def test_retracted_requests_complete_and_leave_the_pool_where_it_started(engines):
+    """SGLang's retraction on a colocated server: retracted requests return to the waiting queue, their
+    rows freed, and are computed again from their prompt and the tokens they had; all complete, and the
+    used-token counter ends at zero."""
+    server = engines["null_small_chunks"]
+    assert settle([server]) == [0]
+    retracted_before = metric_sum(server, RETRACTED) or 0.0
+    outputs = greedy_together(server.url, [prompt_of(n) for n in (5, 40, 130, 200)])
+    assert [len(o) for o in outputs] == [NEW_TOKENS] * 4
+    assert (metric_sum(server, RETRACTED) or 0.0) > retracted_before
+    assert settle([server]) == [0]
 
 
 @pytest.mark.parametrize("body, message", [
@@ -152,12 +186,12 @@ def test_bad_input_gets_a_400_and_the_servers_keep_serving(engines, body, messag
 
 
 def test_aborted_requests_leave_the_pools_where_they_started(engines):
-    """Clients that give up mid-request (a 1 s read timeout while the prompt is still being computed)
+    """Clients that give up mid-request (a 1 s read timeout while the 600-token prompt is still being computed)
     abort through SGLang, alone and through the pair; afterwards SGLang's own used-token counters are
     back at zero on every server, and each serves the next request."""
     pair = [engines["prefill"], engines["decode"]]
     assert settle([engines["null"], *pair]) == [0, 0, 0]
-    body = {"input_ids": prompt_of(1500), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    body = {"input_ids": prompt_of(600), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
     for _ in range(3):
         with pytest.raises((TimeoutError, urllib.error.URLError)):
             post(engines["null"].url + "/generate", body, timeout_s=1)

@@ -5,18 +5,21 @@ the asym-prefill / asym-decode pair behind sglang-router, whose decode worker ru
 steps beside the decoding requests. The reference forward's log (a test aid) shows the target did share
 SGLang's forwards with the others. That the outputs can differ without the flag is shown without servers
 (test/sglang_plugin/test_reference_forward_deterministic.py: batched logits differ in their last bits).
+12 concurrent mixed requests through the pair (generate, completions and chat; streamed and not; windows
+among them) all complete and each equals the same request sent alone.
 One module-scoped stack: a colocated server and one pair, all with the flag.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 
 import pytest
 
 from sglang_asym.runtime.router_launch import RouterFlavor
 
-from .helpers import serving
+from .helpers import MODEL, output, serving
 from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, server_info,
                              sglang_server, write_sglang_checkpoint)
 
@@ -80,3 +83,30 @@ def test_the_pair_gives_the_same_tokens_alone_and_in_batches(stack):
     window = {(start, min(start + 32, TARGET)) for start in range(TARGET - 128, TARGET, 32)}
     decode_rows = {(TARGET + i, TARGET + i + 1) for i in range(NEW_TOKENS - 1)}
     _alone_and_batched(stack, stack["router"].url, "decode", window | decode_rows)
+
+
+def _mixed_call(i: int, n: int) -> tuple[str, dict]:
+    """Call i of the mixed dozen: generate, completions and chat in turn, every other one streamed. The
+    OpenAI routes get text prompts (sglang-router refuses token-id prompts there with a 422)."""
+    kind, stream = ("generate", "completions", "chat")[i % 3], bool(i % 2)
+    if kind == "generate":
+        return "/generate", {"input_ids": prompt_of(n), "stream": stream, "sampling_params": {
+            "max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
+    common = {"model": MODEL, "max_tokens": NEW_TOKENS, "temperature": 0, "stream": stream, "ignore_eos": True}
+    if kind == "completions":
+        return "/v1/completions", {**common, "prompt": "tell me " * (n // 2)}
+    return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": "tell me " * (n // 2)}]}
+
+
+def test_twelve_concurrent_mixed_requests_complete_and_equal_each_alone(stack):
+    calls = [_mixed_call(i, n) for i, n in enumerate((3, 64, 129, 200, 257, 40, 20, 140, 300, 90, 180, 130))]
+    base = stack["router"].url
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        together = list(pool.map(lambda call: output(call[0], call[1], base), calls))
+    alone = [output(path, body, base) for path, body in calls]
+    for (path, _), result in zip(calls, together):
+        if path == "/generate":
+            assert len(result[0]) == NEW_TOKENS
+        else:
+            assert isinstance(result, str)
+    assert together == alone
