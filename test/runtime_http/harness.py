@@ -151,7 +151,8 @@ def post_sse(url: str, path: str, body: Any) -> tuple[int, str, list[Any]]:
     return status, headers.get("content-type", ""), parse_sse(data)
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 120.0, what: str = "condition") -> None:
+    # generous: these tests share the 2 cores with the system tests' servers (two xdist workers)
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:

@@ -68,11 +68,18 @@ def prompt_of(n: int) -> list[int]:
 
 
 def equal_pool_dumps(dumps: Path, count: int) -> list[tuple[int, dict]]:
-    """The pool dumps (pool_dump.py) of `count` transferred requests: each request's groups read out of P's
-    pool and out of D's are the same groups, byte for byte. Returns (num_tokens, P's groups) per request."""
+    """The pool dumps (pool_dump.py) of `count` transferred requests (D's empty extents of asym prompts of
+    N <= W aside): each request's groups read out of P's pool and out of D's are the same groups, byte for byte. Returns (num_tokens, P's groups) per request."""
     import numpy as np
 
-    rooms = sorted(path.name.removeprefix("decode-") for path in dumps.glob("decode-*.npz"))
+    rooms = []
+    for path in sorted(dumps.glob("decode-*.npz")):
+        d = np.load(path)
+        if int(d["num_tokens"]) == 0:  # an asym prompt of N <= W: P sent nothing, so D's extent holds no row
+            assert not (dumps / path.name.replace("decode-", "prefill-", 1)).exists(), path.name
+            assert all(d[name].shape[0] == 0 for name in d.files if name != "num_tokens"), path.name
+            continue
+        rooms.append(path.name.removeprefix("decode-"))
     assert len(rooms) == count and sorted(p.name.removeprefix("prefill-") for p in dumps.glob("prefill-*.npz")) == rooms
     out = []
     for room in rooms:
