@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
+from sglang_asym.runtime.pool_watch import read_pools, wait_pools_back
 from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,23 +176,8 @@ def summary(outcomes: list[Outcome]) -> dict:
 
 # ---- what a worker holds ---------------------------------------------------------------------------
 
-def pools(url: str) -> dict:
-    """The worker's pool snapshot (/server_info internal_states[0]: pages, slots, extents, rooms, Mooncake)."""
-    with urllib.request.urlopen(url + "/server_info", timeout=10) as resp:
-        return json.loads(resp.read())["internal_states"][0]
-
-
-def wait_pools(url: str, expected: dict, timeout_s: float) -> float:
-    """Seconds until the worker's pools equal `expected`; AssertionError with the difference after timeout_s."""
-    started = time.monotonic()
-    while True:
-        now = pools(url)
-        if now == expected:
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout_s:
-            diff = {k: (expected.get(k), now.get(k)) for k in set(now) | set(expected) if now.get(k) != expected.get(k)}
-            raise AssertionError(f"{url} pools not back at start after {timeout_s} s: {diff}"[:2000])
-        time.sleep(0.2)
+pools = read_pools
+wait_pools = wait_pools_back
 
 
 def mooncake_registrations(snapshot: dict) -> int:

@@ -10,11 +10,11 @@ import json
 import os
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from sglang_asym.runtime.pool_watch import read_pools, wait_pools_back
 from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
 
@@ -24,22 +24,11 @@ D_TRANSFER_TIMEOUT_S = 5
 
 
 def pools(server: ServerProcess) -> dict:
-    """The worker's pool snapshot (/server_info internal_states[0])."""
-    with urllib.request.urlopen(server.url + "/server_info", timeout=10) as resp:
-        return json.loads(resp.read())["internal_states"][0]
+    return read_pools(server.url)
 
 
 def wait_pools(server: ServerProcess, expected: dict, timeout_s: float) -> float:
-    """Seconds until the worker's pools equal `expected`; AssertionError with the difference after timeout_s."""
-    started = time.monotonic()
-    while True:
-        now = pools(server)
-        if now == expected:
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout_s:
-            diff = {k: (expected.get(k), now.get(k)) for k in set(now) | set(expected) if now.get(k) != expected.get(k)}
-            raise AssertionError(f"{server.mode} pools not back at start after {timeout_s} s: {diff}"[:2000])
-        time.sleep(0.2)
+    return wait_pools_back(server.url, expected, timeout_s, label=server.mode)
 
 
 @dataclass
