@@ -40,6 +40,7 @@ from pathlib import Path
 from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
 from sglang_asym.runtime.pool_watch import read_pools, wait_pools_back
 from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
+from sglang_asym.runtime.sse_lines import data_payloads
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFER_TIMEOUT_S = 5
@@ -107,11 +108,7 @@ def stream_one(router_url: str, body: dict, plan: str, cfg: LoadConfig, rng: ran
         if resp.status != 200:
             return Outcome(plan, "error", time.monotonic() - started, f"HTTP {resp.status}: {resp.read()[:200]!r}")
         events = 0
-        for raw in resp:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
+        for payload in data_payloads(resp):
             if payload == "[DONE]":
                 return Outcome(plan, "error", time.monotonic() - started, "[DONE] without a final event")
             event = json.loads(payload)
@@ -282,11 +279,10 @@ def first_token_s(url: str, body: dict, timeout_s: float = 120.0) -> tuple[float
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
         first, last = None, None
-        for raw in resp:
-            line = raw.decode(errors="replace").strip()
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+        for payload in data_payloads(resp):
+            if payload != "[DONE]":
                 first = first or time.monotonic() - started
-                last = json.loads(line[5:].strip())
+                last = json.loads(payload)
         if last is None or "error" in last:
             raise RuntimeError(f"stream ended without tokens: {last}")
         return first, last["meta_info"]

@@ -17,6 +17,7 @@ from typing import Iterator
 from sglang_asym.runtime.pool_watch import read_pools, wait_pools_back
 from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
+from sglang_asym.runtime.sse_lines import data_payloads
 
 from .helpers import router_over, serving
 
@@ -53,11 +54,7 @@ def read_stream(resp: http.client.HTTPResponse, started: float, first_events: li
         if resp.status != 200:
             end.error = resp.read().decode(errors="replace") or f"HTTP {resp.status}"
             return end
-        for raw in resp:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
+        for payload in data_payloads(resp):
             if payload == "[DONE]":
                 end.done = True
                 break
@@ -76,10 +73,8 @@ def read_stream(resp: http.client.HTTPResponse, started: float, first_events: li
 
 def first_event(resp: http.client.HTTPResponse) -> list:
     """Read until the first SSE data event (the request is then decoding on D)."""
-    for raw in resp:
-        line = raw.decode(errors="replace").strip()
-        if line.startswith("data:"):
-            return [json.loads(line[5:].strip())]
+    for payload in data_payloads(resp):
+        return [json.loads(payload)]
     raise AssertionError("stream ended before its first event")
 
 
