@@ -1,7 +1,9 @@
-"""Shared test setup: one torch thread per test process (CI has 2 cores; oversubscription makes
-small-tensor CPU work tens of times slower), and the memory a test module cached is given back when the
-module ends: its `lru_cache`d models and weights (the small config's are gigabytes) would otherwise stay
-in the pytest process for the whole session, beside the servers the system tests start later.
+"""Shared test setup: one torch thread per test process and per server it starts (CI has 2 cores; a
+server on torch's default of one thread per core, beside one busy core, answered a 127-token request in
+224 s instead of 4.5 s: its OpenMP threads wait at barriers for a thread the other process holds), and
+the memory a test module cached is given back when the module ends: its `lru_cache`d models and weights
+(the small config's are gigabytes) would otherwise stay in the pytest process for the whole session,
+beside the servers the system tests start later.
 
 The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start servers of
 gigabytes each, form one scope that goes first to one worker and runs there in file order; the other
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by every server and agent a test starts
 
 TEST_ROOT = Path(__file__).resolve().parent
 SERVER_TESTS = TEST_ROOT / "system"
