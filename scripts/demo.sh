@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SKIP_ORACLE=1 bash scripts/setup.sh
 export MC_LOG_LEVEL=ERROR PYTHONUNBUFFERED=1
+# four servers share the machine: a quarter of the cores each (more threads than cores stall every forward)
+threads=$(( $(nproc) / 4 )); (( threads >= 1 )) || threads=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
 parts=${DEMO_PARTS:-sglang,embedded}
 if [[ ",$parts," == *",sglang,"* ]]; then
   .venv/bin/python scripts/demo_sglang_engine.py

@@ -16,6 +16,10 @@ from .helpers import ids
 
 NEW_TOKENS = 8
 SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
+# SGLang's own retraction test switch: every third decode forward retracts one request of the running
+# batch (never the last one, so one-request-at-a-time tests on such a server are not touched)
+RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
+RETRACTED = "sglang:num_retracted_requests_total"
 
 
 def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None

@@ -11,14 +11,16 @@ Against the embedded runtime's `--disaggregation-mode null` (decoder replay, com
   runtime's one-pass prefix (a release-format rounding can flip between them), so the greedy tokens
   are checked against the reference model run in-process over exactly those chunks;
 - 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
-  serving; aborted requests, and requests SGLang retracts (its SGLANG_TEST_RETRACT switch, on D and on
-  a colocated server), leave SGLang's own pool counters where they started.
+  serving; a kept-alive connection outlives SGLang's 5 s default; aborted requests, and requests SGLang
+  retracts (its SGLANG_TEST_RETRACT switch, on D and on a colocated server), leave SGLang's own pool
+  counters where they started.
 The file sorts before the other system tests on purpose: its five servers are up and gone before the
 session's embedded cluster starts, which keeps the suite's peak memory within the 24 GB machine.
 """
 
 from __future__ import annotations
 
+import time
 import urllib.error
 from pathlib import Path
 
@@ -29,17 +31,13 @@ from sglang_asym.runtime.router_launch import RouterFlavor
 from sglang_asym.runtime.server_process import post, start_server
 
 from .helpers import serving
-from .sglang_servers import (NEW_TOKENS, equal_pool_dumps, greedy, greedy_together, metric_sum, patient_router,
-                             prompt_of, settle, sglang_server, write_sglang_checkpoint)
+from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
+                             patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1500)
 
 LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
 SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
-# SGLang's own retraction test switch: every third decode forward retracts one request of the running
-# batch (never the last one, so the one-request-at-a-time tests on these servers are not touched)
-RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
-RETRACTED = "sglang:num_retracted_requests_total"
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +181,23 @@ def test_bad_input_gets_a_400_and_the_servers_keep_serving(engines, body, messag
         assert status == 400, resp
         assert message in resp["error"]["message"]
     assert len(greedy(engines["null"].url, prompt_of(3))) == NEW_TOKENS
+
+
+def test_a_kept_alive_connection_outlives_sglangs_five_second_default(engines):
+    """The routers reuse an idle connection for up to 90 s; SGLang's server closed it after 5 s, so a
+    request sent on it right then failed in the router (502). The CPU platform keeps connections 120 s."""
+    import http.client
+
+    host, port = engines["null"].url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for wait_s in (0, 8):
+            time.sleep(wait_s)
+            conn.request("GET", "/get_model_info")
+            resp = conn.getresponse()
+            assert resp.status == 200 and b"model_path" in resp.read()
+    finally:
+        conn.close()
 
 
 def test_aborted_requests_leave_the_pools_where_they_started(engines):

@@ -10,7 +10,9 @@ set of four servers, started after the other set stopped):
 - a long window runs in chunks beside a running request that keeps decoding every step;
 - 12 concurrent mixed requests (generate, completions, chat; streamed and not): with the deterministic
   flag, in test_cpu_sglang_engine_deterministic.py;
-- aborted requests leave SGLang's own pool counters at zero on both workers.
+- aborted requests leave SGLang's own pool counters at zero on both workers;
+- requests SGLang retracts on D (its SGLANG_TEST_RETRACT switch, on the `asym` pair's D) are
+  rebootstrapped through P and complete.
 Sorts after test_cpu_sglang_engine.py and before the embedded clusters, for the same memory reason.
 """
 
@@ -30,8 +32,8 @@ from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from .helpers import serving
-from .sglang_servers import (NEW_TOKENS, equal_pool_dumps, greedy, metric_sum, patient_router, prompt_of, settle,
-                             sglang_server, write_sglang_checkpoint)
+from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
+                             patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -55,6 +57,7 @@ def sglang_checkpoint(tmp_path_factory) -> Path:
 BOTH = pytest.mark.parametrize("pairs", [EXACT, ASYM], indirect=True)
 # semantics-independent checks (scheduling, concurrency, the second router) run with one semantics
 EXACT_ONLY = pytest.mark.parametrize("pairs", [EXACT], indirect=True)
+ASYM_ONLY = pytest.mark.parametrize("pairs", [ASYM], indirect=True)  # its D retracts (RETRACT_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,8 @@ def pairs(request, sglang_checkpoint, tmp_path_factory):
 
     servers = {
         "prefill": sglang_server("asym-prefill", sglang_checkpoint, logs, *flags, env=aids("prefill")),
-        "decode": sglang_server("asym-decode", sglang_checkpoint, logs, *flags, env=aids("decode")),
+        "decode": sglang_server("asym-decode", sglang_checkpoint, logs, *flags,
+                                env={**aids("decode"), **(RETRACT_ENV if semantics == ASYM else {})}),
         "ref_prefill": start_server("asym-prefill", sglang_checkpoint, logs, *flags),
         "ref_decode": start_server("asym-decode", sglang_checkpoint, logs, *flags),
     }
@@ -223,3 +227,32 @@ def test_aborted_requests_leave_the_pools_where_they_started(pairs):
         assert settle(pair) == [0, 0]
         assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
         assert len(greedy(router.url, prompt_of(300))) == NEW_TOKENS
+
+
+@ASYM_ONLY
+def test_requests_d_retracts_are_rebootstrapped_and_complete(pairs):
+    """SGLang retracts decoding requests on D. A V4 pool keeps no host copy, so SGLang rebootstraps each:
+    P is asked again for the prompt and the output tokens but the last (one more forward over a prefix as
+    long or longer, same room), D's window runs over the rest of that sequence, and the kept last token
+    is replayed. Every request completes with all its tokens; SGLang's used-token counters end at zero."""
+    _forget_logs(pairs)
+    pair = [pairs["prefill"], pairs["decode"]]
+    retracted_before = metric_sum(pairs["decode"], RETRACTED) or 0.0
+    lengths = (5, 64, 200, 300, 400, 513)
+    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
+        outputs = greedy_together(router.url, [prompt_of(n) for n in lengths])
+    assert [len(o) for o in outputs] == [NEW_TOKENS] * len(lengths)
+    assert (metric_sum(pairs["decode"], RETRACTED) or 0.0) > retracted_before
+    assert settle(pair) == [0, 0]
+    ends: dict[int, list[int]] = {}
+    for forward in _forwards(pairs, "prefill"):
+        for room, _, end in forward["rows"]:
+            if room:
+                ends.setdefault(room, []).append(end)
+    first = sorted(e[0] for e in ends.values())
+    assert first == sorted(n - WINDOW for n in lengths if n > WINDOW)
+    # a rebootstrapped request: P ran the same room again over B' = N + k - 1 - W after k output tokens
+    again = [e for e in ends.values() if len(e) > 1]
+    assert again, ends
+    for e in again:
+        assert e == sorted(e) and e[-1] - e[0] <= NEW_TOKENS - 1, ends

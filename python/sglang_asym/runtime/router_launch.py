@@ -20,6 +20,12 @@ A P 400 comes back as 400 (`prefill_bad_request`) without retry; a P 409/500/503
 is retried (with new rooms, D gets a copy each time) up to `retry_max_retries` attempts, then 500/503/502.
 On a P failure smg drops D's copy (D sees a disconnect); sglang-router waits for D's whole answer
 first, so D must time out a transfer that never comes on its own.
+
+Dead workers: the routers' circuit breaker records one outcome per PD request, the client's status, on
+both workers of the pair, so a dead D's failures open the healthy P's circuit as well (sglang-router
+0.3.2: twelve failures took P out of rotation for its 60 s breaker timeout). Their health checks probe
+each worker on its own. `WorkerHealth` turns the breaker off and lets short health checks decide
+(test/system/test_dead_peer.py measures the time to serve again).
 """
 
 from __future__ import annotations
@@ -56,6 +62,24 @@ class PrefillWorker:
 
 
 @dataclass(frozen=True)
+class WorkerHealth:
+    """Per-worker failure detection by the router's health checks (GET /health on each worker), with the
+    pair-level circuit breaker off. A worker is out of rotation after `failure_threshold` failed checks
+    and back after `success_threshold` good ones, `interval_s` apart."""
+
+    interval_s: int = 1
+    timeout_s: int = 5
+    failure_threshold: int = 2
+    success_threshold: int = 1
+
+    def args(self) -> list[str]:
+        return ["--disable-circuit-breaker", "--health-check-interval-secs", str(self.interval_s),
+                "--health-check-timeout-secs", str(self.timeout_s),
+                "--health-failure-threshold", str(self.failure_threshold),
+                "--health-success-threshold", str(self.success_threshold)]
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     prefill: tuple[PrefillWorker, ...]
     decode: tuple[str, ...]
@@ -70,6 +94,7 @@ class RouterConfig:
     worker_startup_check_interval_s: int = 1  # router default 30 s: too slow when workers start after it
     shutdown_grace_period_s: int = 1  # router default 180 s
     log_level: str = "warn"
+    health: WorkerHealth | None = None  # None: the router's defaults (circuit breaker on)
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -94,6 +119,8 @@ class RouterConfig:
         for flag, value in optional.items():
             if value is not None:
                 cmd += [flag, str(value)]
+        if self.health is not None:
+            cmd += self.health.args()
         return cmd + list(self.extra_args)
 
 

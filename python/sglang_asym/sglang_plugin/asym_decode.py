@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from ..sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, plan_step
 from .deterministic import deterministic_inference
+from .prefill_cut import PROMPT_LEN_ATTR
 from .settings import AsymSettings, settings_of
 from .window_batch import WindowChunk, run_window_chunks
 
@@ -49,17 +50,20 @@ STEP_ATTR = "_sglang_asym_window_steps"
 
 @dataclass(frozen=True)
 class WindowProgress:
-    """A request whose prompt rows [next_row, prompt_len) still run on D."""
+    """A request whose rows [next_row, end) still run on D. `end` is the prompt length N, or for a request
+    SGLang rebootstrapped after a retraction, the length of the sequence it asked P for again (see
+    around_commit_transfer_to_req); `replayed_token`: its first token is already in output_ids."""
 
     boundary: int  # B: the first row D computes
     next_row: int
-    prompt_len: int
+    end: int
     arrival_step: int
     last_chunk_step: int | None = None
+    replayed_token: bool = False
 
     @property
     def rows_left(self) -> int:
-        return self.prompt_len - self.next_row
+        return self.end - self.next_row
 
 
 def _settings() -> AsymSettings | None:
@@ -84,7 +88,9 @@ def around_send_kv_metadata(original: Callable, queue: Any, decode_req: Any, kv_
         from .decode_destinations import destinations_for_prefix
 
         req = decode_req.req
-        boundary = boundary_of(len(req.origin_input_ids), settings)
+        # P computes [0, B) of what it is given: the prompt, or for a rebootstrap (SGLang's retraction on a
+        # V4 pool) the prompt and the output tokens but the last one, which SGLang keeps aside to replay
+        boundary = boundary_of(len(req.origin_input_ids) + len(req.output_ids), settings)
         kv_indices, state_indices = destinations_for_prefix(queue, req, boundary, state_indices)
     return original(queue, decode_req, kv_indices, page_size, state_indices, **kwargs)
 
@@ -103,25 +109,35 @@ def around_swa_tail_len(original: Callable, queue: Any, seq_len: int, *args: Any
 
 
 def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
+    """After SGLang's commit, the request's window [B, end) is pending. A fresh request: P's placeholder
+    token is dropped (D's window computes the first token), end = N. A request SGLang retracted and
+    rebootstrapped (a V4 pool keeps no host copy: P recomputed the prompt and the output tokens but the
+    last, and the commit replays that last token): the window covers the sequence P was given, its floors
+    are that sequence's, and the token it samples is not kept (the replayed one is the next input)."""
+    req = decode_req.req
+    replays = bool(getattr(decode_req, "is_rebootstrap", False)) and \
+        getattr(req, "pd_rebootstrap_forced_output_id", None) is not None
     result = original(queue, decode_req, *args, **kwargs)
     settings = _settings()
-    req = decode_req.req
     if settings is None or req.finished() or getattr(req, "to_finish", None) is not None:
         return result
-    if len(req.output_ids) != 1:
-        raise RuntimeError(f"request {req.rid}: expected P's one placeholder token at commit, found "
-                           f"{len(req.output_ids)} output tokens (a rebootstrapped asymmetric request?)")
-    req.output_ids.pop()  # P samples nothing that counts: D's window computes the first token
-    if req.return_logprob:
-        for name in ("output_token_logprobs_val", "output_token_logprobs_idx", "output_top_logprobs_val",
-                     "output_top_logprobs_idx", "output_token_ids_logprobs_val", "output_token_ids_logprobs_idx"):
-            values = getattr(req.logprob, name, None)
-            if values:  # the commit appended P's entry for the placeholder
-                values.pop()
-    n = len(req.origin_input_ids)
-    boundary = boundary_of(n, settings)
+    if not replays:
+        if not getattr(decode_req, "is_rebootstrap", False) and len(req.output_ids) != 1:
+            raise RuntimeError(f"request {req.rid}: expected P's one placeholder token at commit, found "
+                               f"{len(req.output_ids)} output tokens")
+        req.output_ids.pop()  # P samples nothing that counts: D's window computes the first token
+        if req.return_logprob:
+            for name in ("output_token_logprobs_val", "output_token_logprobs_idx", "output_top_logprobs_val",
+                         "output_top_logprobs_idx", "output_token_ids_logprobs_val", "output_token_ids_logprobs_idx"):
+                values = getattr(req.logprob, name, None)
+                if values:  # the commit appended P's entry for the placeholder
+                    values.pop()
+    end = len(req.origin_input_ids) + len(req.output_ids) - (1 if replays else 0)
+    if end != len(req.origin_input_ids):
+        setattr(req, PROMPT_LEN_ATTR, end)  # the reference forward's floors: those of what P was given
+    boundary = boundary_of(end, settings)
     step = getattr(queue.scheduler, STEP_ATTR, 0)
-    setattr(req, WINDOW_ATTR, WindowProgress(boundary, boundary, n, step))
+    setattr(req, WINDOW_ATTR, WindowProgress(boundary, boundary, end, step, replayed_token=replays))
     return result
 
 
@@ -180,9 +196,11 @@ def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> i
     rows = sum(c.end - c.start for c in chunks)
     for chunk, token in zip(chunks, tokens):
         req = chunk.req
-        if chunk.end == len(req.origin_input_ids):
+        progress = window_of(req)
+        if chunk.end == progress.end:
             setattr(req, WINDOW_ATTR, None)
-            req.output_ids.append(token)  # the first token, where SGLang's commit puts P's
+            if not progress.replayed_token:
+                req.output_ids.append(token)  # the first token, where SGLang's commit puts P's
         else:
             setattr(req, WINDOW_ATTR, replace(window_of(req), next_row=chunk.end, last_chunk_step=step))
     log.debug("window step %d: %d rows over %d requests beside %d decoding", step, rows, len(chunks), len(running))

@@ -17,15 +17,23 @@ declarations); a value the user gave on the command line is never replaced.
   disable_radix_cache                      True: a cached prefix's decoder-layer window rows were
                                            computed under the request that wrote them (its replay
                                            floor), so a hit would not reproduce the reference forward
+and one environment default (an environment value the user set is kept):
+  SGLANG_TIMEOUT_KEEP_ALIVE                HTTP_KEEP_ALIVE_S: the routers keep idle connections to a
+                                           worker for 90 s (reqwest's pool default); a server that
+                                           closes them after SGLang's 5 s races the router's next use
+                                           of one, and the router answers 502 "error sending request"
+                                           (seen once in CI between two requests about 5 s apart)
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 CPU_MAX_TOTAL_TOKENS = 8192
 CPU_MAX_RUNNING = 8
 CPU_MEM_FRACTION = 0.98
+HTTP_KEEP_ALIVE_S = 120  # above the routers' 90 s idle-connection pool: the router closes first
 
 
 def apply_cpu_defaults(server_args: Any) -> None:
@@ -40,3 +48,4 @@ def apply_cpu_defaults(server_args: Any) -> None:
         server_args.mem_fraction_static = CPU_MEM_FRACTION
     server_args.disable_radix_cache = True
     server_args.sleep_on_idle = True
+    os.environ.setdefault("SGLANG_TIMEOUT_KEEP_ALIVE", str(HTTP_KEEP_ALIVE_S))

@@ -25,16 +25,18 @@ _REQ_FIELDS = ("prefix_len", "extend_end", "cached_tokens", "cached_tokens_devic
 
 @dataclass(frozen=True)
 class WindowChunk:
-    """Prompt rows [start, end) of one request, computed on top of the rows below start."""
+    """Rows [start, end) of one request's tokens (its prompt, then its output tokens for a rebootstrapped
+    request), computed on top of the rows below start."""
 
     req: Any
     start: int
     end: int
 
     def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end <= len(self.req.origin_input_ids):
+        tokens = len(self.req.origin_input_ids) + len(self.req.output_ids)
+        if not 0 <= self.start < self.end <= tokens:
             raise ValueError(f"request {self.req.rid}: window chunk [{self.start}, {self.end}) is not inside its "
-                             f"prompt of {len(self.req.origin_input_ids)} tokens")
+                             f"{tokens} tokens")
 
 
 @contextlib.contextmanager
