@@ -6,9 +6,10 @@ the memory a test module cached is given back when the module ends: its `lru_cac
 beside the servers the system tests start later.
 
 The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start servers of
-gigabytes each, form one scope that goes first to one worker and runs there in file order; the other
-worker takes the in-process test modules meanwhile, each on one torch thread, so the second core is no
-longer idle while a unit test computes."""
+gigabytes each, form one scope that goes first to one worker and runs there in file order; the system
+tests whose servers load the tiny checkpoint (a few hundred MB each: faults, lifetime, load) form a
+second scope that the other worker takes first, then the in-process test modules, each on one torch
+thread, so the second core is no longer idle while a unit test computes."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by every server and a
 TEST_ROOT = Path(__file__).resolve().parent
 SERVER_TESTS = TEST_ROOT / "system"
 SERVER_GROUP = "servers"
+TINY_SERVER_GROUP = "tiny-servers"
+# system test modules whose servers load only the tiny checkpoint: they fit beside the big servers
+TINY_SERVER_MODULES = frozenset({"test_dead_peer.py", "test_fault_recovery.py", "test_faults.py", "test_lifetime.py",
+                                 "test_load_and_fallback.py"})
 
 
 def _starts_servers(item) -> bool:
@@ -41,11 +46,21 @@ def pytest_collection_modifyitems(config, items):
     items[:] = servers + [item for item in items if id(item) not in chosen]
 
 
+def server_scope(nodeid: str) -> str | None:
+    """The xdist scope of a system test's node id (relative to the repository), None for other tests."""
+    prefix = SERVER_TESTS.relative_to(TEST_ROOT.parent).as_posix() + "/"
+    if not nodeid.startswith(prefix):
+        return None
+    module = nodeid.removeprefix(prefix).split("::", 1)[0]
+    return TINY_SERVER_GROUP if module in TINY_SERVER_MODULES else SERVER_GROUP
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` here means: every system test in one scope (one worker, file order), every
-    other module a scope of its own (a module's cached models load on one worker only). xdist 3.8's own
-    loadgroup marks groups by rewriting `item._nodeid`, which pytest 9 no longer reads."""
+    """`--dist loadgroup` here means: the system tests in two scopes (the tiny-checkpoint ones, and all
+    others; each on one worker, file order), every other module a scope of its own (a module's cached
+    models load on one worker only). xdist 3.8's own loadgroup marks groups by rewriting
+    `item._nodeid`, which pytest 9 no longer reads."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -54,9 +69,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ServerGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(SERVER_TESTS.relative_to(TEST_ROOT.parent).as_posix() + "/"):
-                return SERVER_GROUP
-            return super()._split_scope(nodeid)
+            return server_scope(nodeid) or super()._split_scope(nodeid)
 
     return ServerGroupScheduling(config, log)
 
