@@ -837,6 +837,17 @@ ASYM_RELIED_ON = {
         "kv_chunk = queue.get()", "ret = self.send_kvcache(", "state_rc = self.maybe_send_extra(",
         "if ret != 0:"],
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.__init__": ["target=self.transfer_worker,"],
+    # room_lifecycle.py: a Success concludes in the worker, the room's tables go at the sender's clear, and a
+    # handshake for a room still at Success keeps it there
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer": [
+        "self.update_status(bootstrap_room, status)"],
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status": [
+        "self.request_status[bootstrap_room] = max(current, status)"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.clear": [
+        "self.kv_mgr.request_status.pop(self.bootstrap_room, None)",
+        "self.kv_mgr.transfer_infos.pop(self.bootstrap_room, None)"],
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.start_prefill_thread": [
+        "self.transfer_infos[room][mooncake_session_id] = (", "self.update_status(room, KVPoll.WaitingForInput)"],
     "sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics": [
         "total_bytes = transfer_metric.transfer_total_bytes"],
     # deterministic.py: the flag's chunk alignment is the scheduler's truncation_align_size, set here
@@ -860,6 +871,9 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker",
     "sglang.srt.disaggregation.utils.build_transfer_entry_pairs",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric",
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer",
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__",
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.clear",
     "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode",
     "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config",
 )

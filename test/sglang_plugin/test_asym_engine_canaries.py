@@ -1,7 +1,7 @@
 """Canaries of the asymmetric modes inside SGLang's engine: every scheduler hook target and every piece of
 SGLang 0.5.23 code the hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
-decode_destinations.py), exactly as pinned, checked in a fresh process with the CPU import stand-ins; and
-an asymmetric scheduler's publish applies every hook."""
+decode_destinations.py, room_lifecycle.py), exactly as pinned, checked in a fresh process with the CPU
+import stand-ins; and an asymmetric scheduler's publish applies every hook."""
 
 import json
 
@@ -47,6 +47,12 @@ EXPECTED_SIGNATURES = {
                                      "target_rank_registration_info"],
     f"{MOONCAKE}.transfer_worker": ["self", "queue", "executor", "staging_buffer", "worker_index"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric": ["self"],
+    # room_lifecycle.py's overrides on P's exact-payload manager and sender
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer":
+        ["self", "bootstrap_room", "status", "targets", "failure_reason"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__":
+        ["self", "mgr", "bootstrap_addr", "bootstrap_room", "req_has_disagg_prefill_dp_rank"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.clear": ["self"],
     # deterministic.py's scheduler patches (SGLang's --enable-deterministic-inference on CPU)
     "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode": ["self"],
     "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config": ["self"],

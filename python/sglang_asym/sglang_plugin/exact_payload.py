@@ -33,6 +33,7 @@ from ..manifest import RowGroup
 from ..split import SplitPlan
 from .kv_pool import PAGE_SIZE
 from .pool_payload import PoolPayloadError, RequestPages, group_rows, row_sites
+from .room_lifecycle import RoomLifecycleManager, RoomLifecycleSender
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,9 @@ def exact_manager_class() -> type:
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
     from sglang.srt.runtime_context import get_server_args
 
-    class ExactPayloadKVManager(MooncakeKVManager):
-        """MooncakeKVManager that ships an asymmetric room's manifest rows and nothing else."""
+    class ExactPayloadKVManager(RoomLifecycleManager, MooncakeKVManager):
+        """MooncakeKVManager that ships an asymmetric room's manifest rows and nothing else (and keeps a
+        rebootstrapped room's second handshake: room_lifecycle.py)."""
 
         def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
             self._asym_rooms: dict[int, _Room] = {}
@@ -333,7 +335,7 @@ def exact_manager_class() -> type:
 def exact_sender_class() -> type:
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
 
-    class ExactPayloadKVSender(MooncakeKVSender):
+    class ExactPayloadKVSender(RoomLifecycleSender, MooncakeKVSender):
         """MooncakeKVSender whose transfer metric (SGLang's `sglang:kv_transfer_total_mb` and speed)
         reports the bytes the exact-payload manager wrote, not SGLang's page-count estimate."""
 
