@@ -843,9 +843,19 @@ ASYM_RELIED_ON = {
         "self.update_status(bootstrap_room, status)"],
     "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status": [
         "self.request_status[bootstrap_room] = max(current, status)"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.abort": [
+        "self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.clear": [
         "self.kv_mgr.request_status.pop(self.bootstrap_room, None)",
         "self.kv_mgr.transfer_infos.pop(self.bootstrap_room, None)"],
+    # drain.py: SIGTERM marks the tokenizer manager exiting; the HTTP front answers a ValueError raised by
+    # generate_request with the error's status_code
+    "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_handler": [
+        "self.tokenizer_manager.gracefully_exit = True"],
+    "sglang.srt.entrypoints.http_server.serve_generate_request": [
+        "except ValueError as e:", "return _create_error_response(e)"],
+    "sglang.srt.entrypoints.http_server._create_error_response": [
+        'status_code=getattr(e, "status_code", HTTPStatus.BAD_REQUEST)'],
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.start_prefill_thread": [
         "self.transfer_infos[room][mooncake_session_id] = (", "self.update_status(room, KVPoll.WaitingForInput)"],
     "sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics": [
@@ -874,6 +884,11 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.clear",
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status",
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.send_kv_status_message",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.abort",
+    "sglang.srt.disaggregation.common.conn.CommonKVManager._room_notify_targets",
     "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode",
     "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config",
 )

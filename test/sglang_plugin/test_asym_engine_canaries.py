@@ -1,7 +1,7 @@
 """Canaries of the asymmetric modes inside SGLang's engine: every scheduler hook target and every piece of
 SGLang 0.5.23 code the hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
-decode_destinations.py, room_lifecycle.py), exactly as pinned, checked in a fresh process with the CPU
-import stand-ins; and an asymmetric scheduler's publish applies every hook."""
+decode_destinations.py, room_lifecycle.py, drain.py), exactly as pinned, checked in a fresh process with
+the CPU import stand-ins; and an asymmetric scheduler's publish applies every hook."""
 
 import json
 
@@ -53,6 +53,13 @@ EXPECTED_SIGNATURES = {
     "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__":
         ["self", "mgr", "bootstrap_addr", "bootstrap_room", "req_has_disagg_prefill_dp_rank"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.clear": ["self"],
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status": ["self", "bootstrap_room", "status"],
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.send_kv_status_message":
+        ["self", "targets", "bootstrap_room", "status", "failure_reason"],
+    # drain.py's hook in an asymmetric server's launcher process
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": ["self", "obj", "request"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.abort": ["self"],
+    "sglang.srt.disaggregation.common.conn.CommonKVManager._room_notify_targets": ["self", "bootstrap_room"],
     # deterministic.py's scheduler patches (SGLang's --enable-deterministic-inference on CPU)
     "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode": ["self"],
     "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config": ["self"],

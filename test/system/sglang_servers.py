@@ -22,11 +22,13 @@ RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
 RETRACTED = "sglang:num_retracted_requests_total"
 
 
-def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None
-                  ) -> ServerProcess:
-    """`python -m sglang.launch_server --device cpu` in `mode` (null, prefill, decode, asym-prefill, asym-decode)."""
+def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None,
+                  port: int | None = None, bootstrap_port: int | None = None) -> ServerProcess:
+    """`python -m sglang.launch_server --device cpu` in `mode` (null, prefill, decode, asym-prefill, asym-decode);
+    `port` / `bootstrap_port` restart a worker where it was."""
     return start_server(mode, checkpoint, logs, "--device", "cpu", "--enable-metrics", *extra,
-                        module="sglang.launch_server", env={**SGLANG_ENV, **(env or {})})
+                        module="sglang.launch_server", env={**SGLANG_ENV, **(env or {})}, port=port,
+                        bootstrap_port=bootstrap_port)
 
 
 def write_sglang_checkpoint(out: Path) -> Path:

@@ -12,7 +12,7 @@ set of four servers, started after the other set stopped):
   flag, in test_cpu_sglang_engine_deterministic.py;
 - aborted requests leave SGLang's own pool counters at zero on both workers;
 - requests SGLang retracts on D (its SGLANG_TEST_RETRACT switch, on the `asym` pair's D) are
-  rebootstrapped through P and complete.
+  rebootstrapped through P and complete, short ones too while P computes a long prompt.
 Sorts after test_cpu_sglang_engine.py and before the embedded clusters, for the same memory reason.
 """
 
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(1800)
 WINDOW = 128
 CHUNK = 32
 EXACT, ASYM = "asym-exact-encoder", "asym"
-LENGTHS = {EXACT: (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097), ASYM: (1, 128, 129, 257, 1000)}
+LENGTHS = (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097)  # both semantics
 SMG_LENGTHS = (1, 129, 1000)
 ENCODER_LAYERS = list(range(20))
 PREFILL_CHUNK = 4096
@@ -102,7 +102,7 @@ def test_greedy_outputs_equal_the_embedded_pair_behind_sglang_router(pairs):
     """Equal greedy tokens for every length; what each role computed (the forward logs); and per request,
     the bytes on the wire and D's pool rows (the transfer checks below)."""
     _forget_logs(pairs)
-    lengths = LENGTHS[pairs["semantics"]]
+    lengths = LENGTHS
     shipped, reported = [], []
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as ours, \
             patient_router(pairs["ref_prefill"], pairs["ref_decode"], RouterFlavor.SGLANG_ROUTER) as reference:
@@ -238,9 +238,7 @@ def test_requests_d_retracts_are_rebootstrapped_and_complete(pairs):
     _forget_logs(pairs)
     pair = [pairs["prefill"], pairs["decode"]]
     retracted_before = metric_sum(pairs["decode"], RETRACTED) or 0.0
-    # prompts above W only: a rebootstrap whose sequence is still <= W (P's no-forward path, same room) is
-    # not served yet: D waits out SGLang's 300 s transfer timeout and the request fails (open, see docs)
-    lengths = (129, 200, 257, 300, 400, 513)
+    lengths = (129, 200, 257, 300, 400, 513)  # short ones: the test below
     with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
         outputs = greedy_together(router.url, [prompt_of(n) for n in lengths])
     assert [len(o) for o in outputs] == [NEW_TOKENS] * len(lengths)
@@ -258,3 +256,27 @@ def test_requests_d_retracts_are_rebootstrapped_and_complete(pairs):
     assert again, ends
     for e in again:
         assert e == sorted(e) and e[-1] - e[0] <= NEW_TOKENS - 1, ends
+
+
+@ASYM_ONLY
+def test_short_requests_retracted_while_p_computes_a_long_prompt_are_rebootstrapped(pairs):
+    """Prompts of at most W run no forward on P, so P concludes their rooms at once and may then compute a
+    long prompt for seconds before its scheduler clears those rooms; D meanwhile commits, decodes, retracts
+    and sends the rebootstrap handshake for the same room. P keeps that handshake (room_lifecycle.py;
+    before it, the late clear erased it and the request waited out SGLang's 300 s timeout, then failed).
+    Every request completes; P ran a forward for the long prompt's room only; the pools end empty."""
+    _forget_logs(pairs)
+    pair = [pairs["prefill"], pairs["decode"]]
+    retracted_before = metric_sum(pairs["decode"], RETRACTED) or 0.0
+    lengths, new_tokens = (64, 3000, 20, 100), 16  # the short ones stay <= W with every output token
+    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
+        outputs = greedy_together(router.url, [prompt_of(n) for n in lengths], new_tokens)
+    assert [len(o) for o in outputs] == [new_tokens] * len(lengths)
+    assert (metric_sum(pairs["decode"], RETRACTED) or 0.0) > retracted_before
+    assert settle(pair) == [0, 0]
+    ends: dict[int, list[int]] = {}
+    for forward in _forwards(pairs, "prefill"):
+        for room, _, end in forward["rows"]:
+            if room:
+                ends.setdefault(room, []).append(end)
+    assert [e[0] for e in ends.values()] == [3000 - WINDOW], ends

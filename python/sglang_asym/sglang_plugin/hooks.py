@@ -8,7 +8,9 @@
   runtime_context.publish   AFTER   in a scheduler process: on CPU, applies cpu_patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
-                                    modules do not import on a CPU-only launcher)
+                                    modules do not import on a CPU-only launcher); in the launcher
+                                    process of an asymmetric server, the drain refusal (drain.py:
+                                    TokenizerManager.generate_request AROUND, 503 after SIGTERM)
 Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_canaries.py):
   model_loader.loader._initialize_model
                             AROUND  asym-prefill: builds SGLang's V4.1 model truncated to the prefill
@@ -83,6 +85,7 @@ DECODE_COMMIT = f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req"
 DECODE_NEXT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run"
 DECODE_PREBUILT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch"
 SCHEDULER_ROLE = "scheduler"
+TOKENIZER_ROLE = "tokenizer"  # the launcher process: HTTP front and tokenizer manager
 MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
 DIST_NAME = "sglang-asym"
 
@@ -140,6 +143,10 @@ def around_initialize_model(original: Callable, model_config: Any, load_config: 
 
 
 def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
+    if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
+        from .drain import install_drain_refusal
+
+        install_drain_refusal()
     if role != SCHEDULER_ROLE:
         return
     asymmetric = settings_of(server_args) is not None

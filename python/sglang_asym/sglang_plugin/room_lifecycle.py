@@ -18,16 +18,31 @@ lifecycle's handshake:
   sender   __init__           a new sender for a room whose previous sender concluded but was not
                               cleared yet clears that one first (else the new one would read Success);
                               `clear()` runs once per sender
+
+The same seam answers a handshake that comes after P gave the room up. P fails a room whose handshake
+does not come within SGLang's bootstrap timeout (a frozen or overloaded D), or that is aborted first. A
+D that resumes then still handshakes for it: SGLang's bootstrap thread records the handshake for a room
+no sender owns any more (kept forever), and D waits out its whole waiting timeout (300 s by default)
+before the client hears anything. P now tells that D at once that the room failed:
+  sender   clear              a room that failed with no handshake from D is remembered (ABANDONED_KEEP_S)
+  manager  update_status      D's handshake for such a room (its WaitingForInput) is answered with Failed
+                              and dropped instead
+  sender   abort              a request aborted on P alone before P queued any of its rows: D, which
+                              handshook already, is told Failed at once (SGLang tells D nothing, and D
+                              holds the room's slots for its whole waiting timeout); once rows may be
+                              in flight D is left to SGLang (a write could still land in its pages)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN = object()
+ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it gave up (beyond SGLang's timeouts)
 
 
 class RoomLifecycleManager:
@@ -36,7 +51,38 @@ class RoomLifecycleManager:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._live_senders: dict[int, Any] = {}  # room -> its sender not cleared yet (scheduler thread)
         self._concluded_handshakes: dict[int, Any] = {}  # room -> the handshake table its Success ended with
+        self._abandoned_rooms: dict[int, float] = {}  # room -> when P failed it without D's handshake
         super().__init__(*args, **kwargs)
+
+    def update_status(self, bootstrap_room: int, status: Any) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if (status == KVPoll.WaitingForInput and bootstrap_room in self._abandoned_rooms
+                and bootstrap_room not in self._live_senders):
+            self._refuse_late_handshake(bootstrap_room)
+            return
+        super().update_status(bootstrap_room, status)
+
+    def abandon_room(self, room: int) -> None:
+        now = time.monotonic()
+        for old in [r for r, at in self._abandoned_rooms.items() if now - at > ABANDONED_KEEP_S]:
+            self._abandoned_rooms.pop(old, None)
+        self._abandoned_rooms[room] = now
+
+    def _refuse_late_handshake(self, room: int) -> None:
+        """D handshook for a room P already failed: tell D so now (bootstrap thread), keep nothing of it."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        self._abandoned_rooms.pop(room, None)
+        infos = self.transfer_infos.pop(room, None) or {}
+        self.req_to_decode_prefix_len.pop(room, None)
+        targets = list(dict.fromkeys((info.endpoint, info.dst_port) for info in list(infos.values())
+                                     if not info.is_dummy))
+        reason = (f"sglang-asym: the prefill worker gave up room {room} before this decode worker's handshake "
+                  "came (its bootstrap timeout, or the request was aborted there)")
+        log.warning("%s; told %s", reason, targets)
+        self.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                    failure_reason=reason)
 
     def conclude_transfer(self, *, bootstrap_room: int, status: Any, **kwargs: Any) -> Any:
         from sglang.srt.disaggregation.base.conn import KVPoll
@@ -48,6 +94,10 @@ class RoomLifecycleManager:
     def room_lifecycles_open(self) -> int:
         """Senders not cleared yet plus concluded lifecycles awaiting their clear (0 when P is idle)."""
         return len(self._live_senders) + len(self._concluded_handshakes)
+
+    def rooms_abandoned(self) -> int:
+        """Rooms P failed before D's handshake came, still remembered for a late handshake."""
+        return len(self._abandoned_rooms)
 
 
 def _put_back(manager: Any, room: int, infos: dict) -> None:
@@ -74,7 +124,9 @@ class RoomLifecycleSender:
         from sglang.srt.disaggregation.base.conn import KVPoll
 
         self._room_cleared = False
+        self._rows_queued = False
         live = mgr._live_senders
+        mgr._abandoned_rooms.pop(bootstrap_room, None)  # a new request of the room: it is not given up
         previous = live.get(bootstrap_room)
         if previous is not None and (previous.conclude_state is not None or mgr.request_status.get(bootstrap_room)
                                      in (KVPoll.Success, KVPoll.Failed)):
@@ -84,7 +136,25 @@ class RoomLifecycleSender:
         super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
         live[bootstrap_room] = self
 
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        self._rows_queued = True
+        super().send(*args, **kwargs)
+
+    def abort(self) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        super().abort()
+        manager, room = self.kv_mgr, self.bootstrap_room
+        targets = manager._room_notify_targets(room) if not self._rows_queued else []
+        if targets:
+            log.info("room %s: aborted on the prefill worker before any row was queued; told %s", room, targets)
+            manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                           failure_reason=f"sglang-asym: request of room {room} aborted on the "
+                                                          "prefill worker")
+
     def clear(self) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
         if self._room_cleared:
             return
         self._room_cleared = True
@@ -95,6 +165,8 @@ class RoomLifecycleSender:
         following = current if ended_with is not _UNKNOWN and current is not None and current is not ended_with \
             else None
         super().clear()
+        if self.conclude_state == KVPoll.Failed and not current:
+            manager.abandon_room(room)  # failed before D's handshake came: answer a late one (update_status)
         if live.get(room) is self:
             del live[room]
         if following is not None:

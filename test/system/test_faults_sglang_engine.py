@@ -1,0 +1,339 @@
+"""Faults against the asymmetric pair inside SGLang 0.5.23's own engine (`python -m sglang.launch_server
+--device cpu --disaggregation-mode asym-prefill | asym-decode`, the small checkpoint) behind sglang-router
+with per-worker health checks (router_launch.WorkerHealth): the scenarios of test_faults.py and
+test_fault_recovery.py that the embedded runtime's pair passes, on the product stack.
+
+SGLang's own transfer deadlines are shortened for the stack (FAULT_ENV): P waits BOOTSTRAP_TIMEOUT_S for
+D's handshake, D waits WAITING_TIMEOUT_S for P's rows, D probes P's bootstrap server every second.
+In each scenario the client gets an HTTP error status, an SSE error event, an abort finish, or its whole
+answer within the bound stated; the surviving worker keeps serving; SGLang's own used-token counters of
+both workers return to 0; the next request through the router is served. Measured times go to
+$SGLANG_ASYM_RELIABILITY_OUT (faults.record)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from sglang_asym.runtime.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
+                                               pick_free_port)
+from sglang_asym.runtime.server_process import ServerProcess, post, wait_healthy
+
+from .faults import first_event, open_stream, read_stream, record
+from .sglang_servers import prompt_of, settle, sglang_server, write_sglang_checkpoint
+from .test_fault_recovery import abort, health_generate, send_stream
+
+pytestmark = pytest.mark.timeout(600)
+
+BOOTSTRAP_TIMEOUT_S = 10
+WAITING_TIMEOUT_S = 20
+FAULT_ENV = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(BOOTSTRAP_TIMEOUT_S),
+             "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S),
+             "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2"}
+# SGLang's /health runs a request through the scheduler: on 2 shared cores it can take seconds while a prompt
+# computes, so a check gets 30 s; a killed worker refuses the connection at once and is out after 2 checks
+HEALTH = WorkerHealth(interval_s=1, timeout_s=30, failure_threshold=2, success_threshold=1)
+FLAGS = ("--asym-semantics", "asym-exact-encoder")
+SETTLE_S = 60.0  # used tokens back at 0 this long after the fault ends at most
+ABORT_END_S = 10.0  # an aborted stream ends this long after /abort_request at most
+STREAM_END_S = 10.0  # a stream whose D was killed ends this long after the kill at most
+DEAD_ANSWER_S = BOOTSTRAP_TIMEOUT_S + 10.0  # a request while a worker is dead is answered with an error by then
+RESTART_SERVE_S = 10.0  # from a restarted worker healthy to the first request served through the router
+FROZEN_S = BOOTSTRAP_TIMEOUT_S + 3.0  # how long D stays stopped: past P's wait for its handshake
+THAWED_ANSWER_S = 10.0  # after SIGCONT, the request sent while D was frozen is answered (an error) by then
+DRAIN_EXIT_S = 30.0  # D exits this long after SIGTERM at most (its running stream finishes first)
+D_MAX_RUNNING = 2  # D runs this many requests at once; more wait in its queue
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_fault_ckpt"))
+
+
+class EnginePair:
+    """The two SGLang servers and the router; a killed worker restarts on its own ports."""
+
+    def __init__(self, checkpoint: Path, logs: Path) -> None:
+        self.checkpoint, self.logs = checkpoint, logs
+        self.prefill = self._start("asym-prefill")
+        self.decode = self._start("asym-decode")
+        self.router: RouterProcess | None = None
+
+    def _start(self, mode: str, old: ServerProcess | None = None) -> ServerProcess:
+        extra = ("--max-running-requests", str(D_MAX_RUNNING)) if mode == "asym-decode" else ()
+        return sglang_server(mode, self.checkpoint, self.logs, *FLAGS, *extra, env=FAULT_ENV, port=old and old.port,
+                             bootstrap_port=old and old.bootstrap_port)
+
+    def restart(self, role: str) -> float:
+        """Start a stopped worker again on its ports; seconds until it is healthy."""
+        old = getattr(self, role)
+        assert old.proc.poll() is not None, f"restart needs the {role} stopped first"
+        started = time.monotonic()
+        setattr(self, role, self._start(old.mode, old))
+        wait_healthy(getattr(self, role), 300)
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        for server in (self.prefill, self.decode):
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
+    pair = EnginePair(checkpoint, tmp_path_factory.mktemp("sglang_faults"))
+    try:
+        wait_healthy(pair.prefill, 300)
+        wait_healthy(pair.decode, 300)
+        pair.router = RouterProcess(RouterConfig(
+            prefill=(PrefillWorker(pair.prefill.url, pair.prefill.bootstrap_port),), decode=(pair.decode.url,),
+            port=pick_free_port(), flavor=RouterFlavor.SGLANG_ROUTER, retry_max_retries=1, health=HEALTH),
+            log_path=pair.logs / "router.log")
+        pair.router.start(ready_timeout_s=180)
+        warm_gauges(pair)
+        assert settle([pair.prefill, pair.decode], SETTLE_S) == [0, 0]
+        yield pair
+    finally:
+        pair.stop()
+
+
+def warm_gauges(engine: EnginePair) -> None:
+    """SGLang publishes a fresh D's used-token gauge with its first decode stats (every 40 decode steps)."""
+    status, body = post(engine.router.url + "/generate", {"input_ids": prompt_of(150), "sampling_params": {
+        "max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}, 300)
+    assert status == 200, body
+
+
+def stream_body(n_in: int, n_out: int, tag: str) -> dict:
+    return {"input_ids": prompt_of(n_in), "rid": f"{tag}-{time.monotonic_ns()}",
+            "sampling_params": {"max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}
+
+
+def served(engine: EnginePair, n: int = 200) -> bool:
+    status, body = post(engine.router.url + "/generate", {
+        "input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}},
+        120)
+    return status == 200 and body["meta_info"]["completion_tokens"] == 4
+
+
+def settled(engine: EnginePair) -> float:
+    """Seconds until both workers' used tokens are 0 (AssertionError naming them after SETTLE_S)."""
+    started = time.monotonic()
+    used = settle([engine.prefill, engine.decode], SETTLE_S)
+    assert used == [0, 0], f"used tokens (P, D) still {used} after {SETTLE_S} s"
+    return round(time.monotonic() - started, 3)
+
+
+def serves_again(engine: EnginePair) -> float:
+    healthy = time.monotonic()
+    while not served(engine):
+        assert time.monotonic() - healthy < RESTART_SERVE_S, "the restarted worker is not served through the router"
+        time.sleep(0.3)
+    again_s = round(time.monotonic() - healthy, 3)
+    warm_gauges(engine)
+    return again_s
+
+
+def test_client_disconnect_mid_stream_frees_both_workers(engine):
+    conn, resp = open_stream(engine.router.url, stream_body(300, 200, "gone"), 120)
+    first_event(resp)
+    conn.close()
+    back_s = settled(engine)
+    assert served(engine)
+    record("engine_client_disconnect_mid_stream", bound_s=SETTLE_S, used_tokens_zero_after_s=back_s)
+
+
+def test_abort_request_on_both_workers_ends_the_stream(engine):
+    body = stream_body(300, 200, "abort")
+    conn, resp = open_stream(engine.router.url, body, 120)
+    events = first_event(resp)
+    sent = time.monotonic()
+    assert abort(engine.decode.url, body["rid"]) == 200 and abort(engine.prefill.url, body["rid"]) == 200
+    end = read_stream(resp, sent, events)
+    conn.close()
+    last = end.events[-1]["meta_info"]
+    assert end.seconds < ABORT_END_S and last["finish_reason"]["type"] == "abort", (end.error, last)
+    assert 0 < last["completion_tokens"] < 200
+    back_s = settled(engine)
+    assert served(engine)
+    record("engine_abort_request_mid_stream", bound_s=ABORT_END_S, stream_end_after_abort_s=round(end.seconds, 3),
+           tokens_before_abort=last["completion_tokens"], used_tokens_zero_after_s=back_s)
+
+
+def test_killed_decode_mid_stream_then_restarted_on_its_port(engine):
+    conn, resp = open_stream(engine.router.url, stream_body(300, 200, "kill-d"), 120)
+    events = first_event(resp)
+    killed = time.monotonic()
+    os.kill(engine.decode.proc.pid, signal.SIGKILL)
+    end = read_stream(resp, killed, events)
+    conn.close()
+    engine.decode.proc.wait(10)
+    assert not end.done and end.error and end.seconds < STREAM_END_S, end
+    dead = []
+    for n in (200, 201):
+        sent = time.monotonic()
+        status, body = post(engine.router.url + "/generate", {"input_ids": prompt_of(n), "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0}}, 120)
+        dead.append((status, round(time.monotonic() - sent, 3)))
+        assert status >= 500 and "error" in str(body), (status, body)
+    assert max(s for _, s in dead) < DEAD_ANSWER_S, dead
+    assert health_generate(engine.prefill.url) == 200
+    p_back = settle([engine.prefill], SETTLE_S)
+    assert p_back == [0], p_back
+    startup_s = engine.restart("decode")
+    again_s = serves_again(engine)
+    back_s = settled(engine)
+    record("engine_kill9_decode_mid_stream_then_restart", stream_end_bound_s=STREAM_END_S,
+           stream_end_s=round(end.seconds, 3), dead_bound_s=DEAD_ANSWER_S, requests_while_dead=dead,
+           decode_startup_s=round(startup_s, 3), serve_again_bound_after_healthy_s=RESTART_SERVE_S,
+           serve_again_after_healthy_s=again_s, used_tokens_zero_after_s=back_s)
+
+
+def test_killed_prefill_leaves_the_decoding_stream_whole_then_restarted_on_its_ports(engine):
+    conn, resp = open_stream(engine.router.url, stream_body(300, 60, "kill-p"), 120)
+    events = first_event(resp)
+    killed = time.monotonic()
+    os.kill(engine.prefill.proc.pid, signal.SIGKILL)
+    engine.prefill.proc.wait(10)
+    dead = []
+    for n in (202, 203):
+        sent = time.monotonic()
+        status, body = post(engine.router.url + "/generate", {"input_ids": prompt_of(n), "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0}}, 120)
+        dead.append((status, round(time.monotonic() - sent, 3)))
+        assert status >= 500 and "error" in str(body), (status, body)
+    end = read_stream(resp, killed, events)
+    conn.close()
+    assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 60, end
+    assert max(s for _, s in dead) < DEAD_ANSWER_S, dead
+    assert health_generate(engine.decode.url) == 200
+    d_back = settle([engine.decode], SETTLE_S)
+    assert d_back == [0], d_back
+    startup_s = engine.restart("prefill")
+    again_s = serves_again(engine)
+    back_s = settled(engine)
+    record("engine_kill9_prefill_then_restart", stream_on_decode_finished_s=round(end.seconds, 3),
+           dead_bound_s=DEAD_ANSWER_S, requests_while_dead=dead, prefill_startup_s=round(startup_s, 3),
+           serve_again_bound_after_healthy_s=RESTART_SERVE_S, serve_again_after_healthy_s=again_s,
+           used_tokens_zero_after_s=back_s)
+
+
+def test_clients_gone_before_the_first_token_free_both_workers(engine):
+    """Clients that disconnect while P computes the prefix, while it ships, and while D runs the window."""
+    backs = {}
+    for delay in (0.3, 1.5, 4.0):
+        conn = send_stream(engine.router.url, stream_body(1000, 50, "early"))
+        time.sleep(delay)
+        conn.close()
+        backs[str(delay)] = settled(engine)
+    assert served(engine)
+    record("engine_client_disconnect_before_first_token", bound_s=SETTLE_S, disconnect_after_s=[0.3, 1.5, 4.0],
+           used_tokens_zero_after_s=backs)
+
+
+def test_frozen_decode_past_the_transfer_timeout(engine):
+    """SIGSTOP D with a stream decoding on it while a new request arrives, past P's wait for D's handshake,
+    then SIGCONT: P stays healthy meanwhile, the new request fails clearly, the running stream finishes."""
+    conn, resp = open_stream(engine.router.url, stream_body(300, 60, "frozen-d"), 120)
+    events = first_event(resp)
+    os.kill(engine.decode.proc.pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            arriving = pool.submit(post, engine.router.url + "/generate", {
+                "input_ids": prompt_of(204), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, 120)
+            assert health_generate(engine.prefill.url) == 200  # P serves while D is frozen
+            time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen)))
+            os.kill(engine.decode.proc.pid, signal.SIGCONT)
+            thawed = time.monotonic()
+            status, body = arriving.result(timeout=THAWED_ANSWER_S + 30)
+            answered_after_thaw = time.monotonic() - thawed
+    finally:
+        os.kill(engine.decode.proc.pid, signal.SIGCONT)
+    end = read_stream(resp, thawed, events)
+    conn.close()
+    assert status >= 500 and "error" in str(body), (status, body)
+    assert answered_after_thaw < THAWED_ANSWER_S
+    assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 60, end
+    back_s = settled(engine)
+    assert served(engine)
+    record("engine_sigstop_decode_past_transfer_timeout", frozen_s=FROZEN_S, bootstrap_timeout_s=BOOTSTRAP_TIMEOUT_S,
+           bound_after_sigcont_s=THAWED_ANSWER_S, new_request_status=status,
+           new_request_error=str(body)[:200], new_request_answered_after_sigcont_s=round(answered_after_thaw, 3),
+           running_stream_finished_after_sigcont_s=round(end.seconds, 3), used_tokens_zero_after_s=back_s)
+
+
+def test_more_requests_than_decode_runs_at_once(engine):
+    """Three times D's --max-running-requests at once: each completes whole (D queues them), D stays up."""
+    n = 3 * D_MAX_RUNNING
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(post, engine.router.url + "/generate", {
+            "input_ids": prompt_of(300 + i), "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                                                 "ignore_eos": True}}, 300) for i in range(n)]
+        results = [f.result(timeout=320) for f in futures]
+    assert [(status, body["meta_info"]["completion_tokens"]) for status, body in results] == [(200, 24)] * n
+    assert engine.decode.proc.poll() is None
+    back_s = settled(engine)
+    record("engine_decode_over_max_running", concurrent=n, decode_max_running=D_MAX_RUNNING,
+           all_answered_s=round(time.monotonic() - started, 3), used_tokens_zero_after_s=back_s)
+
+
+def test_sigterm_drains_decode(engine):
+    """SIGTERM D with a stream decoding on it: that stream finishes whole, a new request fails clearly, D
+    exits; D restarted on its port serves again."""
+    conn, resp = open_stream(engine.router.url, stream_body(300, 80, "term-d"), 120)
+    events = first_event(resp)
+    term = time.monotonic()
+    os.kill(engine.decode.proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    status, body = post(engine.router.url + "/generate", {
+        "input_ids": prompt_of(205), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, 120)
+    refused_s = time.monotonic() - term
+    end = read_stream(resp, term, events)
+    conn.close()
+    exit_code = engine.decode.proc.wait(DRAIN_EXIT_S)
+    exited_s = time.monotonic() - term
+    assert status >= 500 and "error" in str(body) and refused_s < DEAD_ANSWER_S, (status, body)
+    assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 80, end
+    p_back = settle([engine.prefill], SETTLE_S)
+    assert p_back == [0], p_back
+    startup_s = engine.restart("decode")
+    again_s = serves_again(engine)
+    back_s = settled(engine)
+    record("engine_sigterm_drain_decode", new_request_status=status, new_request_error=str(body)[:200],
+           new_request_failed_after_s=round(refused_s, 3), in_flight_stream_finished_s=round(end.seconds, 3),
+           exit_code=exit_code, exited_after_s=round(exited_s, 3), decode_startup_s=round(startup_s, 3),
+           serve_again_after_healthy_s=again_s, used_tokens_zero_after_s=back_s)
+
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_abort_on_one_worker_mid_transfer_fails_the_request_and_frees_both(engine, side):
+    """/abort_request on P alone, or on D alone, while P computes a 1000-token prefix for D: the worker
+    that was not told learns it from the other (D's abort notification to P; P's Failed status to D,
+    room_lifecycle.py: SGLang would leave D waiting its whole waiting timeout), the client gets an error or
+    an abort finish within ABORT_END_S, both workers' used tokens return to 0, and the next request is
+    served."""
+    body = stream_body(1000, 20, f"abort-{side}")
+    conn = send_stream(engine.router.url, body)
+    time.sleep(1.0)  # P is computing the prefix; D holds the room's slots and waits for the rows
+    sent = time.monotonic()
+    assert abort(getattr(engine, side).url, body["rid"]) == 200
+    end = read_stream(conn.getresponse(), sent)
+    conn.close()
+    reasons = [e["meta_info"]["finish_reason"] for e in end.events if "meta_info" in e]
+    assert end.error is not None or end.status != 200 or (reasons and reasons[-1]["type"] == "abort"), end
+    assert end.seconds < ABORT_END_S, end
+    back_s = settled(engine)
+    assert served(engine)
+    record(f"engine_abort_on_{side}_only_mid_transfer", bound_s=ABORT_END_S,
+           answered_after_abort_s=round(end.seconds, 3), http_status=end.status, error=(end.error or "")[:200],
+           finish=reasons[-1] if reasons else None, used_tokens_zero_after_s=back_s)
