@@ -9,7 +9,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.runtime.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
+                                               pick_free_port)
 from sglang_asym.runtime.server_process import ServerProcess, post, start_server
 
 from .helpers import ids
@@ -45,15 +46,16 @@ def write_sglang_checkpoint(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def patient_router(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor) -> Iterator[RouterProcess]:
+def patient_router(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor,
+                   health: WorkerHealth | None = None, log_path: Path | None = None) -> Iterator[RouterProcess]:
     """A router in front of the pair. SGLang's /health runs a request through the scheduler, which on
     2 shared cores can take longer than the router's 5 s default while a long prompt computes: the
-    health check gets 60 s and 10 failures before a worker counts as down."""
+    health check gets 60 s and 10 failures before a worker counts as down (or `health`'s settings)."""
+    checks = ("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
     proc = RouterProcess(RouterConfig(
         prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,), port=pick_free_port(),
-        flavor=flavor, retry_max_retries=1,
-        extra_args=("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold",
-                    "10")))
+        flavor=flavor, retry_max_retries=1, health=health, extra_args=() if health else checks),
+        log_path=log_path)
     proc.start(ready_timeout_s=180)
     try:
         yield proc

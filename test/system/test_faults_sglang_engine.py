@@ -21,12 +21,12 @@ from typing import Iterator
 
 import pytest
 
-from sglang_asym.runtime.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
-                                               pick_free_port)
+from sglang_asym.runtime.router_launch import RouterFlavor, RouterProcess, WorkerHealth
 from sglang_asym.runtime.server_process import ServerProcess, post, wait_healthy
 
 from .faults import first_event, open_stream, read_stream, record
-from .sglang_servers import prompt_of, settle, sglang_server, write_sglang_checkpoint
+from .helpers import serving
+from .sglang_servers import patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint
 from .test_fault_recovery import abort, health_generate, send_stream
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,7 +57,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 class EnginePair:
-    """The two SGLang servers and the router; a killed worker restarts on its own ports."""
+    """The two SGLang servers; a killed worker restarts on its own ports (the router's configuration holds)."""
 
     def __init__(self, checkpoint: Path, logs: Path) -> None:
         self.checkpoint, self.logs = checkpoint, logs
@@ -79,29 +79,21 @@ class EnginePair:
         wait_healthy(getattr(self, role), 300)
         return time.monotonic() - started
 
-    def stop(self) -> None:
-        if self.router is not None:
-            self.router.stop()
-        for server in (self.prefill, self.decode):
-            server.stop()
-
 
 @pytest.fixture(scope="module")
 def engine(checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
     pair = EnginePair(checkpoint, tmp_path_factory.mktemp("sglang_faults"))
-    try:
-        wait_healthy(pair.prefill, 300)
-        wait_healthy(pair.decode, 300)
-        pair.router = RouterProcess(RouterConfig(
-            prefill=(PrefillWorker(pair.prefill.url, pair.prefill.bootstrap_port),), decode=(pair.decode.url,),
-            port=pick_free_port(), flavor=RouterFlavor.SGLANG_ROUTER, retry_max_retries=1, health=HEALTH),
-            log_path=pair.logs / "router.log")
-        pair.router.start(ready_timeout_s=180)
+    with serving({"prefill": pair.prefill, "decode": pair.decode}, timeout_s=300), \
+            patient_router(pair.prefill, pair.decode, RouterFlavor.SGLANG_ROUTER, HEALTH,
+                           pair.logs / "router.log") as router:
+        pair.router = router
         warm_gauges(pair)
         assert settle([pair.prefill, pair.decode], SETTLE_S) == [0, 0]
-        yield pair
-    finally:
-        pair.stop()
+        try:
+            yield pair
+        finally:
+            for server in (pair.prefill, pair.decode):  # the restarted ones (serving() stops the first two)
+                server.stop()
 
 
 def warm_gauges(engine: EnginePair) -> None:
@@ -116,11 +108,25 @@ def stream_body(n_in: int, n_out: int, tag: str) -> dict:
             "sampling_params": {"max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}
 
 
+def small(n: int) -> dict:
+    return {"input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+
+
 def served(engine: EnginePair, n: int = 200) -> bool:
-    status, body = post(engine.router.url + "/generate", {
-        "input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}},
-        120)
+    status, body = post(engine.router.url + "/generate", small(n), 120)
     return status == 200 and body["meta_info"]["completion_tokens"] == 4
+
+
+def answers_while_dead(engine: EnginePair, lengths: tuple[int, ...]) -> list[tuple[int, float]]:
+    """(status, seconds) of requests sent one after another while a worker is dead: each an HTTP error."""
+    answers = []
+    for n in lengths:
+        sent = time.monotonic()
+        status, body = post(engine.router.url + "/generate", small(n), 120)
+        answers.append((status, round(time.monotonic() - sent, 3)))
+        assert status >= 500 and "error" in str(body), (status, body)
+    assert max(seconds for _, seconds in answers) < DEAD_ANSWER_S, answers
+    return answers
 
 
 def settled(engine: EnginePair) -> float:
@@ -176,14 +182,7 @@ def test_killed_decode_mid_stream_then_restarted_on_its_port(engine):
     conn.close()
     engine.decode.proc.wait(10)
     assert not end.done and end.error and end.seconds < STREAM_END_S, end
-    dead = []
-    for n in (200, 201):
-        sent = time.monotonic()
-        status, body = post(engine.router.url + "/generate", {"input_ids": prompt_of(n), "sampling_params": {
-            "max_new_tokens": 4, "temperature": 0}}, 120)
-        dead.append((status, round(time.monotonic() - sent, 3)))
-        assert status >= 500 and "error" in str(body), (status, body)
-    assert max(s for _, s in dead) < DEAD_ANSWER_S, dead
+    dead = answers_while_dead(engine, (200, 201))
     assert health_generate(engine.prefill.url) == 200
     p_back = settle([engine.prefill], SETTLE_S)
     assert p_back == [0], p_back
@@ -202,17 +201,10 @@ def test_killed_prefill_leaves_the_decoding_stream_whole_then_restarted_on_its_p
     killed = time.monotonic()
     os.kill(engine.prefill.proc.pid, signal.SIGKILL)
     engine.prefill.proc.wait(10)
-    dead = []
-    for n in (202, 203):
-        sent = time.monotonic()
-        status, body = post(engine.router.url + "/generate", {"input_ids": prompt_of(n), "sampling_params": {
-            "max_new_tokens": 4, "temperature": 0}}, 120)
-        dead.append((status, round(time.monotonic() - sent, 3)))
-        assert status >= 500 and "error" in str(body), (status, body)
+    dead = answers_while_dead(engine, (202, 203))
     end = read_stream(resp, killed, events)
     conn.close()
     assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 60, end
-    assert max(s for _, s in dead) < DEAD_ANSWER_S, dead
     assert health_generate(engine.decode.url) == 200
     d_back = settle([engine.decode], SETTLE_S)
     assert d_back == [0], d_back
@@ -247,8 +239,7 @@ def test_frozen_decode_past_the_transfer_timeout(engine):
     frozen = time.monotonic()
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            arriving = pool.submit(post, engine.router.url + "/generate", {
-                "input_ids": prompt_of(204), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, 120)
+            arriving = pool.submit(post, engine.router.url + "/generate", small(204), 120)
             assert health_generate(engine.prefill.url) == 200  # P serves while D is frozen
             time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen)))
             os.kill(engine.decode.proc.pid, signal.SIGCONT)
@@ -294,8 +285,7 @@ def test_sigterm_drains_decode(engine):
     term = time.monotonic()
     os.kill(engine.decode.proc.pid, signal.SIGTERM)
     time.sleep(0.5)
-    status, body = post(engine.router.url + "/generate", {
-        "input_ids": prompt_of(205), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, 120)
+    status, body = post(engine.router.url + "/generate", small(205), 120)
     refused_s = time.monotonic() - term
     end = read_stream(resp, term, events)
     conn.close()
