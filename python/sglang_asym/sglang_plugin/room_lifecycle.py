@@ -91,14 +91,6 @@ class RoomLifecycleManager:
             self._concluded_handshakes[bootstrap_room] = self.transfer_infos.get(bootstrap_room)
         return super().conclude_transfer(bootstrap_room=bootstrap_room, status=status, **kwargs)
 
-    def room_lifecycles_open(self) -> int:
-        """Senders not cleared yet plus concluded lifecycles awaiting their clear (0 when P is idle)."""
-        return len(self._live_senders) + len(self._concluded_handshakes)
-
-    def rooms_abandoned(self) -> int:
-        """Rooms P failed before D's handshake came, still remembered for a late handshake."""
-        return len(self._abandoned_rooms)
-
 
 def _put_back(manager: Any, room: int, infos: dict) -> None:
     """Restores the next lifecycle's handshake after the previous lifecycle's clear popped it."""
