@@ -229,19 +229,15 @@ def test_aborted_requests_leave_the_pools_where_they_started(pairs):
         assert len(greedy(router.url, prompt_of(300))) == NEW_TOKENS
 
 
-@ASYM_ONLY
-def test_requests_d_retracts_are_rebootstrapped_and_complete(pairs):
-    """SGLang retracts decoding requests on D. A V4 pool keeps no host copy, so SGLang rebootstraps each:
-    P is asked again for the prompt and the output tokens but the last (one more forward over a prefix as
-    long or longer, same room), D's window runs over the rest of that sequence, and the kept last token
-    is replayed. Every request completes with all its tokens; SGLang's used-token counters end at zero."""
+def _retracted_together(pairs, lengths: tuple[int, ...], new_tokens: int) -> dict[int, list[int]]:
+    """Sends `lengths` at once to the pair whose D retracts; every request completes whole, D retracted at
+    least once, both pools end empty. Returns, per room, the prefix ends P computed (oldest first)."""
     _forget_logs(pairs)
     pair = [pairs["prefill"], pairs["decode"]]
     retracted_before = metric_sum(pairs["decode"], RETRACTED) or 0.0
-    lengths = (129, 200, 257, 300, 400, 513)  # short ones: the test below
     with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        outputs = greedy_together(router.url, [prompt_of(n) for n in lengths])
-    assert [len(o) for o in outputs] == [NEW_TOKENS] * len(lengths)
+        outputs = greedy_together(router.url, [prompt_of(n) for n in lengths], new_tokens)
+    assert [len(o) for o in outputs] == [new_tokens] * len(lengths)
     assert (metric_sum(pairs["decode"], RETRACTED) or 0.0) > retracted_before
     assert settle(pair) == [0, 0]
     ends: dict[int, list[int]] = {}
@@ -249,6 +245,17 @@ def test_requests_d_retracts_are_rebootstrapped_and_complete(pairs):
         for room, _, end in forward["rows"]:
             if room:
                 ends.setdefault(room, []).append(end)
+    return ends
+
+
+@ASYM_ONLY
+def test_requests_d_retracts_are_rebootstrapped_and_complete(pairs):
+    """SGLang retracts decoding requests on D. A V4 pool keeps no host copy, so SGLang rebootstraps each:
+    P is asked again for the prompt and the output tokens but the last (one more forward over a prefix as
+    long or longer, same room), D's window runs over the rest of that sequence, and the kept last token
+    is replayed. Every request completes with all its tokens; SGLang's used-token counters end at zero."""
+    lengths = (129, 200, 257, 300, 400, 513)  # short ones: the test below
+    ends = _retracted_together(pairs, lengths, NEW_TOKENS)
     first = sorted(e[0] for e in ends.values())
     assert first == sorted(n - WINDOW for n in lengths if n > WINDOW)
     # a rebootstrapped request: P ran the same room again over B' = N + k - 1 - W after k output tokens
@@ -265,18 +272,6 @@ def test_short_requests_retracted_while_p_computes_a_long_prompt_are_rebootstrap
     and sends the rebootstrap handshake for the same room. P keeps that handshake (room_lifecycle.py;
     before it, the late clear erased it and the request waited out SGLang's 300 s timeout, then failed).
     Every request completes; P ran a forward for the long prompt's room only; the pools end empty."""
-    _forget_logs(pairs)
-    pair = [pairs["prefill"], pairs["decode"]]
-    retracted_before = metric_sum(pairs["decode"], RETRACTED) or 0.0
-    lengths, new_tokens = (64, 3000, 20, 100), 16  # the short ones stay <= W with every output token
-    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        outputs = greedy_together(router.url, [prompt_of(n) for n in lengths], new_tokens)
-    assert [len(o) for o in outputs] == [new_tokens] * len(lengths)
-    assert (metric_sum(pairs["decode"], RETRACTED) or 0.0) > retracted_before
-    assert settle(pair) == [0, 0]
-    ends: dict[int, list[int]] = {}
-    for forward in _forwards(pairs, "prefill"):
-        for room, _, end in forward["rows"]:
-            if room:
-                ends.setdefault(room, []).append(end)
+    # the short ones stay <= W with every output token
+    ends = _retracted_together(pairs, (64, 3000, 20, 100), 16)
     assert [e[0] for e in ends.values()] == [3000 - WINDOW], ends
