@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError
 from .config import DEFAULT_WINDOW, ConfigError
+from .formats import CACHE_QUANT_MODES
 from .sched import MAX_DRAFT_TOKENS, SchedulerConfig
 from .sched.config import DEFAULT_WINDOW_CHUNK, chunk_rows_for
 from .split import Semantics
@@ -43,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=[Semantics.ASYM_EXACT_ENCODER.value, Semantics.ASYM.value, Semantics.EXACT.value],
                    help="default: asym-exact-encoder (null, asym-*), exact (prefill / decode: symmetric PD "
                         "computes only that); exact on null is the full prompt forward, symmetric PD's reference")
-    p.add_argument("--cache-quant", choices=["none", "release"], default="release")
+    p.add_argument("--cache-quant", choices=list(CACHE_QUANT_MODES), default="release",
+                   help="cache formats: release (V4.1's own), v4 (SGLang's V4 pool layout, as on an H200), "
+                        "none (exact float caches)")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=0)
     p.add_argument("--max-running-requests", type=int, default=8)
     p.add_argument("--max-total-tokens", type=int, default=8192, help="per-request context capacity")

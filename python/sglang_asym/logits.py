@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from .cache import CacheSizing
 from .checkpoint import CheckpointError
 from .config import ConfigError
+from .formats import CACHE_QUANT_MODES
 from .model import InvalidInput
 from .model.loading import model_from_checkpoint
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-ids", required=True, type=Path)
     parser.add_argument("--key", required=True)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--cache-quant", choices=["none", "release"], default="none")
+    parser.add_argument("--cache-quant", choices=list(CACHE_QUANT_MODES), default="none")
     args = parser.parse_args(argv)
     try:
         inputs = load_file(str(args.input_ids))

@@ -18,6 +18,7 @@ from .asym import run_prefix, run_reference, run_window
 from .cache import CacheSizing
 from .checkpoint.random_init import random_weights
 from .config import DEFAULT_WINDOW, V41Config
+from .formats import CACHE_QUANT_MODES
 from .model import V41Model
 from .model.steps import greedy_continue
 from .split import Semantics, SplitPlan
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--semantics", default=Semantics.ASYM_EXACT_ENCODER.value,
                         choices=[s.value for s in Semantics])
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--cache-quant", choices=["none", "release"], default="none")
+    parser.add_argument("--cache-quant", choices=list(CACHE_QUANT_MODES), default="none")
     args = parser.parse_args(argv)
     if args.new_tokens < 1:
         parser.error("--new-tokens must be at least 1")

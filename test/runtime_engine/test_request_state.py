@@ -22,19 +22,27 @@ W = 128
 
 
 @pytest.fixture(scope="module")
-def model():
-    return build("tiny", seed=4, cache_quant="release")
+def models():
+    return {quant: build("tiny", seed=4, cache_quant=quant) for quant in ("release", "v4")}
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models["release"]
 
 
 @pytest.mark.parametrize("n", [1, 2, W, W + 1, 300])
-@pytest.mark.parametrize("row_format", ["release", "model"])
-def test_installed_state_decodes_exactly_like_the_original_cache(model, n, row_format):
+@pytest.mark.parametrize("row_format", ["release", "model", "v4"])
+def test_installed_state_decodes_exactly_like_the_original_cache(models, n, row_format):
+    """`v4` rows carry the caches of a model at `--cache-quant v4` (SGLang's V4 layout), the others a
+    release-format model's."""
+    model = models["v4" if row_format == "v4" else "release"]
     cfg, split = model.cfg, SplitPlan(model.cfg, n, W, "exact")
     caches = model.new_cache_set(CacheSizing(2, 1024, 64))
     original = caches.new_request()
     logits = prefill_prompt(model, original, prompt(cfg, n, seed=n), chunk=64)
     manifest = state_manifest(split, row_format, model.dtype, sampled=False)
-    wire = {g: encode_state_rows(g, rows, row_format) for g, rows in extract_state(original, manifest).items()}
+    wire = {g: encode_state_rows(g, rows, row_format, cfg) for g, rows in extract_state(original, manifest).items()}
     assert {g: a.shape[0] for g, a in wire.items()} == {g.name: g.num_rows for g in manifest.groups
                                                          if g.name != FIRST_TOKEN}
     assert sum(a.nbytes for a in wire.values()) == cache_bytes(manifest) == manifest.total_bytes - 8
@@ -58,7 +66,7 @@ def test_aux_rows_carry_the_first_token_and_continue_the_rng_stream(model):
     logits = torch.randn(model.cfg.vocab_size, generator=torch.Generator().manual_seed(1))
     params = SamplingParams(temperature=0.9, seed=5)
     token, generator = sample_first(logits, params, fallback_seed=0)
-    wire = {g: encode_state_rows(g, t, "release") for g, t in aux_rows(token, generator).items()}
+    wire = {g: encode_state_rows(g, t, "release", model.cfg) for g, t in aux_rows(token, generator).items()}
     assert wire[FIRST_TOKEN].shape == (1, 8) and wire[RNG_STATE].shape == (1, RNG_STATE_BYTES)
     back = {g: decode_state_rows(g, a, "release", model.cfg, model.dtype) for g, a in wire.items()}
     assert int(back[FIRST_TOKEN][0]) == token
@@ -72,7 +80,7 @@ def test_aux_rows_carry_the_first_token_and_continue_the_rng_stream(model):
 @pytest.mark.parametrize("n", [1, 2, 127, 128, 129, 1000])
 def test_compat_covers_every_manifest_the_workers_can_ship(model, n):
     split = SplitPlan(model.cfg, n, W, "exact")
-    for row_format in ("release", "model"):
+    for row_format in ("release", "model", "v4"):
         compat = state_compat(model.cfg, W, row_format, model.dtype)
         for sampled in (False, True):
             compat.check_manifest(state_manifest(split, row_format, model.dtype, sampled))

@@ -313,9 +313,10 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
     }
 
 
-def payload(prompt_len: str = "429") -> dict:
-    """Our prefill role's payload (release formats) written into SGLang's DeepSeekV4TokenToKVPool on
-    CPU, read back by SGLang's own readers, moved by SGLang's transfer planner to a second pool."""
+def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
+    """Our prefill role's payload (the row format of `kv_layout`: release formats in v41, V4 rows in v4)
+    written into SGLang's DeepSeekV4TokenToKVPool on CPU, read back by SGLang's own readers, moved by
+    SGLang's transfer planner to a second pool."""
     from sglang_asym.asym import run_prefix
     from sglang_asym.cache.groups import parse_group
     from sglang_asym.cache import CacheSizing
@@ -324,19 +325,21 @@ def payload(prompt_len: str = "429") -> dict:
     from sglang_asym.model import V41Model
     from sglang_asym.runtime.engine.payload_io import encode_rows
     from sglang_asym.sglang_plugin import pool_payload as pp
+    from sglang_asym.sglang_plugin.kv_pool import row_format_of_layout
     from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
     from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
     from sglang_asym.split import SplitPlan
 
     cfg, n, window = sglang_small(), int(prompt_len), 128
     split = SplitPlan(cfg, n, window, "asym-exact-encoder")
-    model = V41Model(cfg, role="prefill", cache_quant="release", dtype="float32")
+    row_format = row_format_of_layout(kv_layout)
+    model = V41Model(cfg, role="prefill", cache_quant=row_format, dtype="float32")
     weights = random_weights(cfg, 7)
     model.load_weights({k: v for k, v in weights.items() if k in model.expected_tensor_names()})
     tokens = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
     state = run_prefix(model, model.new_cache_set(CacheSizing(max_requests=1, max_tokens=n + 1)), tokens, split)
-    rows = {g: encode_rows(g, t, "release") for g, t in state.rows.items()}
-    manifest = split.manifest("release").nonempty()
+    rows = {g: encode_rows(g, t, row_format, cfg) for g, t in state.rows.items()}
+    manifest = split.manifest(row_format).nonempty()
 
     import tempfile
 
@@ -348,7 +351,8 @@ def payload(prompt_len: str = "429") -> dict:
         from sglang_asym.sglang_plugin.kv_pool import build_kv_pool
 
         load_plugins()
-        p_pool, d_pool = (build_kv_pool(cfg, full_tokens=2048, swa_tokens=1024, max_reqs=4) for _ in range(2))
+        p_pool, d_pool = (build_kv_pool(cfg, full_tokens=2048, swa_tokens=1024, max_reqs=4, kv_layout=kv_layout)
+                          for _ in range(2))
         p_pages = pp.RequestPages(full_pages=(3, 1), swa_pages=(1, 0), req_pool_idx=2)
         d_pages = pp.RequestPages(full_pages=(5, 6), swa_pages=(2, 4), req_pool_idx=1)
         pp.write_payload(p_pool, p_pages, split, rows)
@@ -372,6 +376,7 @@ def payload(prompt_len: str = "429") -> dict:
             index_readback[group] = {"bytes_equal": bool((sglang_bytes == rows[group]).all()),
                                      "dequant_equal": bool(torch.equal(dequant, ours)),
                                      "dequant_nonzero": bool(dequant.abs().sum() > 0)}
+        v4_readback = _v4_readback(cfg, split, p_pool, p_pages, rows) if kv_layout == "v4" else None
 
         d_before = {name: t.clone() for name, t in _pool_tensors(d_pool).items()}
         blocks = pp.sglang_transfer_blocks(p_pool, p_pages, d_pool, d_pages, split)
@@ -385,14 +390,14 @@ def payload(prompt_len: str = "429") -> dict:
         production, exact = {}, {}
         for semantics in ("asym-exact-encoder", "asym"):
             variant = SplitPlan(cfg, n, window, semantics)
-            expected = {g.name for g in variant.manifest("release").nonempty().groups}
+            expected = {g.name for g in variant.manifest(row_format).nonempty().groups}
             for path, send in (("production", _sglang_registration_send), ("exact", _exact_send)):
                 for name, t in _pool_tensors(d_pool).items():
                     t.zero_()
                 result = send(p_pool, p_pages, d_pool, d_pages, variant, config_dir)
                 back = result.pop("back")
                 result["back_equal"] = {g: bool(np.array_equal(back[g], rows[g])) for g in expected}
-                result["manifest_bytes"] = variant.manifest("release").total_bytes
+                result["manifest_bytes"] = variant.manifest(row_format).total_bytes
                 (production if path == "production" else exact)[semantics] = result
 
         asym_split = SplitPlan(cfg, n, window, "asym")
@@ -418,7 +423,38 @@ def payload(prompt_len: str = "429") -> dict:
             "production": production,
             "exact": exact,
             "sglang_fp4_table": _sglang_fp4_table(),
+            "v4_readback": v4_readback,
         }
+
+
+def _v4_readback(cfg, split, pool, pages, rows: dict) -> dict:
+    """SGLang's own pure-torch reader of its V4 pages (`dequantize_k_cache_paged_ref`) at our window
+    and compressed-KV rows, against our decoder (as bf16, what SGLang's reader returns)."""
+    from sglang.test.kernels.deepseek_v4.k_cache_reference import dequantize_k_cache_paged_ref
+
+    from sglang_asym.cache.groups import KIND_FORMATS, GroupKind, parse_group
+    from sglang_asym.sglang_plugin.pool_payload import group_rows
+
+    out = {}
+    for group in split.manifest("v4").nonempty().groups:
+        gid = parse_group(group.name)
+        if gid.kind is GroupKind.SWA:
+            swa = pool.swa_kv_pool
+            page_size, buf = swa.page_size, swa.kv_buffer[gid.layer]
+            loc = [pages.swa_pages[t // 256] * page_size + t % page_size
+                   for t in group_rows(split, group.name, group.num_rows)]
+        elif gid.kind is GroupKind.KV:
+            ratio = cfg.compress_ratios[gid.layer]
+            page_size = pool.kv_pools[ratio].page_size  # 256 / ratio compressed rows
+            buf = pool.kv_pools[ratio].kv_buffer[list(pool.sources_by_ratio[ratio]).index(gid.layer)]
+            loc = [pages.full_pages[j * ratio // 256] * page_size + j % page_size for j in range(group.num_rows)]
+        else:
+            continue
+        theirs = dequantize_k_cache_paged_ref(buf, torch.tensor(loc), page_size)[:, 0]
+        codec = KIND_FORMATS[gid.kind].packed("v4", cfg)
+        ours = codec.unpack_rows(torch.from_numpy(rows[group.name]), cfg.head_dim).to(torch.bfloat16)
+        out[group.name] = {"equal": bool(torch.equal(theirs, ours)), "nonzero": bool(ours.abs().sum() > 0)}
+    return out
 
 
 def _sglang_fp4_table() -> list:

@@ -121,3 +121,48 @@ def test_the_exact_payload_manager_writes_the_manifest_and_nothing_else(report, 
     assert sorted(result["changed"]) == sorted(ASYM_CHANGED + encoder)
     # SGLang's own sender, same request and registration: 3.6x (asym-exact-encoder), 1.7x (asym)
     assert report["production"][semantics]["bytes"] == {"asym-exact-encoder": 5886976, "asym": 480256}[semantics]
+
+
+# ---- the same payload in SGLang's `v4` pool layout (what it picks on an H200) -----------------------
+
+@pytest.fixture(scope="module")
+def report_v4():
+    done = run_python([str(REPO / "test/sglang_plugin/sglang_cpu_checks.py"), "payload", "429", "v4"])
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("REPORT "))
+
+
+def test_in_a_v4_pool_kv_and_window_rows_are_v4_rows_and_index_keys_stay_mxfp4(report_v4):
+    # 448 fp8 nope + 64 bf16 rope = 576 data bytes, 7 ue8m0 scales + 1 pad
+    manifest = SPLIT.manifest("v4").nonempty()
+    assert report_v4["manifest"] == [[g.name, g.num_rows, g.row_bytes] for g in manifest.groups]
+    widths = {g.name.split(".")[0]: g.row_bytes for g in manifest.groups}
+    assert widths == {"kv": 584, "index": 68, "tail": 4096, "swa": 584}
+    assert manifest.total_bytes == 751 * 584 + 751 * 68 + 3 * 4096 + 20 * 127 * 584 == 1985300
+
+
+def test_v4_rows_read_back_byte_for_byte_from_both_pools(report_v4):
+    for side in ("p_readback_equal", "d_readback_equal"):
+        assert report_v4[side] == {g: True for g in report_v4[side]} and len(report_v4[side]) == 31
+
+
+def test_sglangs_own_v4_reader_decodes_our_rows_to_our_values(report_v4):
+    """SGLang's pure-torch dequantizer of its V4 pages reads our window and compressed-KV rows at their
+    slots and returns our decoder's values bit for bit (bf16)."""
+    groups = [f"kv.L{o}" for o in (2, 8, 14, 20)] + [f"swa.L{i}" for i in ENCODER]
+    assert report_v4["v4_readback"] == {g: {"equal": True, "nonzero": True} for g in groups}
+    assert report_v4["index_readback"] == {f"index.L{o}": {"bytes_equal": True, "dequant_equal": True,
+                                                            "dequant_nonzero": True} for o in (2, 8, 14, 20)}
+
+
+@pytest.mark.parametrize("semantics", ["asym-exact-encoder", "asym"])
+def test_both_senders_deliver_the_v4_payload(report_v4, semantics):
+    groups = {g.name for g in SplitPlan(CFG, 429, 128, semantics).manifest("v4").nonempty().groups}
+    exact, production = report_v4["exact"][semantics], report_v4["production"][semantics]
+    assert exact["rc"] == [0, 0, 0] and production["rc"] == [0, 0]
+    assert exact["back_equal"] == production["back_equal"] == {g: True for g in groups}
+    manifest = {"asym-exact-encoder": 1985300, "asym": 1985300 - 20 * 127 * 584}[semantics]
+    assert exact["bytes"] == exact["room_bytes"] == exact["manifest_bytes"] == manifest
+    # SGLang's whole page items: 576-aligned pages of 256 slots of 584 bytes (149,760 B per SWA page)
+    assert production["bytes"] == {"asym-exact-encoder": 6850816, "asym": 860416}[semantics]

@@ -1,5 +1,5 @@
 """SGLang's own engine on CPU in the system tests: its servers, a patient router in front, greedy calls,
-and SGLang's pool counter (shared by test_cpu_sglang_engine*.py)."""
+SGLang's pool counter, and the reference model over SGLang's chunks (shared by test_cpu_sglang_engine*.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator
+
+import torch
 
 from sglang_asym.runtime.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
                                                pick_free_port)
@@ -151,3 +153,29 @@ def forward_log(path: Path) -> list[dict]:
     import json
 
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int,
+                                 cache_quant: str = "release") -> list[int]:
+    """Greedy tokens of the reference model run over SGLang's chunks of `chunk` prompt tokens, each cut
+    where the reference forward cuts it (reference_forward.pieces), then decoded one token at a time, with
+    the caches quantized as `cache_quant` (SGLang's pool layout: release for v41, v4 for v4)."""
+    from sglang_asym.cache import CacheSizing
+    from sglang_asym.model.loading import model_from_checkpoint
+    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, RequestRows, pieces
+
+    model = model_from_checkpoint(checkpoint, cache_quant=cache_quant)
+    cfg, n = model.cfg, len(prompt)
+    tokens = torch.tensor(prompt)
+    cache = model.new_cache_set(CacheSizing(1, n + NEW_TOKENS + 1, 64)).new_request()
+    logits = None
+    for start in range(0, n, chunk):
+        rows = RequestRows(0, start, tokens[start:start + chunk], n)
+        for piece, floors in pieces(rows, cfg, cfg.sliding_window, DEFAULT_SEMANTICS, 32):
+            cache.swa_floor.update(floors)
+            logits = model(piece.tokens, cache, logits="last")
+    out = [int(logits.argmax())]
+    while len(out) < NEW_TOKENS:
+        out.append(int(model(torch.tensor(out[-1:]), cache, logits="last").argmax()))
+    cache.release()
+    return out

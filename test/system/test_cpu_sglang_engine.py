@@ -25,14 +25,14 @@ import urllib.error
 from pathlib import Path
 
 import pytest
-import torch
 
 from sglang_asym.runtime.router_launch import RouterFlavor
 from sglang_asym.runtime.server_process import post, start_server
 
 from .helpers import serving
 from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
-                             patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint)
+                             patient_router, prompt_of, reference_greedy_over_chunks, settle, sglang_server,
+                             write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -111,35 +111,11 @@ def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, dum
     assert sorted(seen_lengths) == sorted(lengths)
 
 
-def _reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int) -> list[int]:
-    """Greedy tokens of the reference model run over SGLang's chunks of `chunk` prompt tokens, each cut
-    where the reference forward cuts it (reference_forward.pieces), then decoded one token at a time."""
-    from sglang_asym.cache import CacheSizing
-    from sglang_asym.model.loading import model_from_checkpoint
-    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, RequestRows, pieces
-
-    model = model_from_checkpoint(checkpoint, cache_quant="release")
-    cfg, n = model.cfg, len(prompt)
-    tokens = torch.tensor(prompt)
-    cache = model.new_cache_set(CacheSizing(1, n + NEW_TOKENS + 1, 64)).new_request()
-    logits = None
-    for start in range(0, n, chunk):
-        rows = RequestRows(0, start, tokens[start:start + chunk], n)
-        for piece, floors in pieces(rows, cfg, cfg.sliding_window, DEFAULT_SEMANTICS, 32):
-            cache.swa_floor.update(floors)
-            logits = model(piece.tokens, cache, logits="last")
-    out = [int(logits.argmax())]
-    while len(out) < NEW_TOKENS:
-        out.append(int(model(torch.tensor(out[-1:]), cache, logits="last").argmax()))
-    cache.release()
-    return out
-
-
 @pytest.mark.parametrize("n", (300, 600))
 def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
     prompt = prompt_of(n)
     assert greedy(engines["null_small_chunks"].url, prompt) == \
-        _reference_greedy_over_chunks(sglang_checkpoint, prompt, SMALL_CHUNK)
+        reference_greedy_over_chunks(sglang_checkpoint, prompt, SMALL_CHUNK)
 
 
 def test_eight_concurrent_requests_through_the_pair_complete_through_retractions(engines):

@@ -1,10 +1,12 @@
 """Row-group identities as typed values: (kind, layer) <-> the wire name `{kind}.L{layer}`, and the one kind -> format table.
 
 A request's cache (and its payload on the wire) is a set of row groups, one per kind and layer:
-  swa.L{i}    layer i's window KV rows                    release format fp8,   head_dim channels
-  kv.L{o}     KV owner o's compressed main-KV rows        release format nvfp4, head_dim channels
-  index.L{o}  owner o's index-key rows                    release format mxfp4, index_head_dim channels
+  swa.L{i}    layer i's window KV rows                    release format fp8,   v4 row, head_dim channels
+  kv.L{o}     KV owner o's compressed main-KV rows        release format nvfp4, v4 row, head_dim channels
+  index.L{o}  owner o's index-key rows                    release format mxfp4 (also in v4), index_head_dim channels
   tail.L{o}   ratio-2 owner o's pending token: compressor value and gate, fp32 [2, head_dim], in every format
+Row formats: `model` (raw rows in the model dtype), `release` and `v4` (packed as `--cache-quant` of the
+same name quantizes them; `v4` is SGLang's V4 pool layout, formats/v4_rows.py).
 Names that are not cache groups (aux rows such as `aux.first_token`) have no identity: `cache_group`
 returns None for them.
 """
@@ -18,7 +20,7 @@ from enum import Enum
 import torch
 
 from ..config import V41Config
-from ..formats import row_bytes
+from ..formats import CacheFormat
 
 _NAME = re.compile(r"(?P<kind>[a-z_]+)\.L(?P<layer>\d+)")
 
@@ -38,23 +40,38 @@ class GroupKind(str, Enum):
 
 @dataclass(frozen=True)
 class KindFormat:
-    """How a kind's rows are stored: the released packed format (None: raw fp32) and the row's channels."""
+    """How a kind's rows are stored: the packed format under each packed row format (None: raw fp32)
+    and the row's channels."""
 
     release: str | None
+    v4: str | None
     channels_attr: str  # the V41Config field giving a row's channels
 
     def channels(self, cfg: V41Config) -> int:
         return getattr(cfg, self.channels_attr)
 
+    def packed(self, row_format: str, cfg: V41Config) -> CacheFormat | None:
+        """The row codec of a packed row format (`release`, `v4`); None for `model` rows and fp32 tails."""
+        if row_format not in ROW_FORMATS:
+            raise ValueError(f"row format must be one of {ROW_FORMATS}, got {row_format!r}")
+        fmt = None if row_format == "model" else getattr(self, row_format)
+        return None if fmt is None else CacheFormat(fmt, rope_channels=cfg.qk_rope_head_dim if fmt == "v4" else 0)
+
 
 KIND_FORMATS: dict[GroupKind, KindFormat] = {
-    GroupKind.SWA: KindFormat("fp8", "head_dim"),
-    GroupKind.KV: KindFormat("nvfp4", "head_dim"),
-    GroupKind.INDEX: KindFormat("mxfp4", "index_head_dim"),
-    GroupKind.TAIL: KindFormat(None, "head_dim"),  # value and gate, two fp32 rows of head_dim
+    GroupKind.SWA: KindFormat("fp8", "v4", "head_dim"),
+    GroupKind.KV: KindFormat("nvfp4", "v4", "head_dim"),
+    GroupKind.INDEX: KindFormat("mxfp4", "mxfp4", "index_head_dim"),
+    GroupKind.TAIL: KindFormat(None, None, "head_dim"),  # value and gate, two fp32 rows of head_dim
 }
 TAIL_ENCODING = "float32-value-gate"
-ROW_FORMATS = ("model", "release")  # wire row formats: the model dtype, or the release's packed formats
+# wire row formats: the model dtype, or the packed formats of `--cache-quant release` / `v4`
+ROW_FORMATS = ("model", "release", "v4")
+
+
+def row_format_for_cache_quant(cache_quant: str) -> str:
+    """The packed row format that holds a model's quantized caches losslessly (`model` when unquantized)."""
+    return "model" if cache_quant == "none" else cache_quant
 
 
 @dataclass(frozen=True)
@@ -87,14 +104,14 @@ class GroupId:
         return 0 if self.kind is GroupKind.TAIL else cfg.compress_ratios[self.layer]
 
     def row_bytes(self, cfg: V41Config, row_format: str, dtype: torch.dtype) -> int:
-        """Bytes of one row on the wire: `model` rows in the model dtype, `release` rows packed (tails: fp32)."""
-        if row_format not in ROW_FORMATS:
-            raise ValueError(f"row format must be one of {ROW_FORMATS}, got {row_format!r}")
+        """Bytes of one row on the wire: `model` rows in the model dtype, packed rows (`release`, `v4`)
+        in their format (tails: fp32)."""
         fmt = self.format
+        packed = fmt.packed(row_format, cfg)
         if fmt.release is None:
             return 2 * fmt.channels(cfg) * 4
-        if row_format == "release":
-            return row_bytes(fmt.release, fmt.channels(cfg))
+        if packed is not None:
+            return packed.row_bytes(fmt.channels(cfg))
         return fmt.channels(cfg) * torch.empty((), dtype=dtype).element_size()
 
 

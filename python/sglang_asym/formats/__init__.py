@@ -1,12 +1,14 @@
-"""The released DeepSeek-V4.1 cache quantization formats (fp8 / nvfp4 / mxfp4).
+"""The cache quantization formats: the released DeepSeek-V4.1 ones (fp8 / nvfp4 / mxfp4) and SGLang's V4 row.
 
 spec         format table and `row_bytes`
 codec        fake quantization, numerics and the NaN/inf/overflow policy (see its docstring)
 rows         real packed rows and their byte layout
+v4_rows      SGLang's V4 main-KV row (fp8 nope + bf16 rope)
 cache_quant  `CacheQuant` and the per-cache entry points the model calls
 """
 
 from .cache_quant import (
+    CACHE_QUANT_MODES,
     CacheFormat,
     CacheQuant,
     CacheQuantMode,
@@ -19,6 +21,7 @@ from .rows import pack_rows, unpack_rows
 from .spec import FORMATS, FormatName, FormatSpec, row_bytes
 
 __all__ = [
+    "CACHE_QUANT_MODES",
     "E2M1_LEVELS",
     "FORMATS",
     "CacheFormat",

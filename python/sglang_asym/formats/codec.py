@@ -5,6 +5,7 @@ group is zero-padded, which never changes its scale. Per group, with amax = max 
 
   fp8    scale = 2**ceil(log2(max(amax, 1e-4) * f32(1/448)))   stored as ue8m0 (biased exponent)
          element = e4m3fn(clamp(x / scale, -448, 448)), round-to-nearest-even, subnormals kept
+  fp8_v4 scale = 2**ceil(log2(max(amax, 1e-8) / 448))   (SGLang's V4 cache store), elements as fp8
   mxfp4  scale = 2**ceil(log2(max(amax, 6 * 2**-126) * f32(1/6)))   stored as ue8m0
          element = e2m1(x / scale)
   nvfp4  scale = e4m3fn(min(max(amax, 6 * 2**-9) / 6, 448))   stored as e4m3fn bits
@@ -45,6 +46,7 @@ from .spec import FormatSpec, format_spec, resolve_block_size
 _RECIP_448 = float(torch.tensor(1 / 448, dtype=torch.float32))
 _RECIP_6 = float(torch.tensor(1 / 6, dtype=torch.float32))
 _FP8_AMAX_FLOOR = 1e-4
+_FP8_V4_AMAX_FLOOR = 1e-8
 _MXFP4_AMAX_FLOOR = 6 * 2.0**-126
 _NVFP4_AMAX_FLOOR = 6 * 2.0**-9  # smallest scale = smallest e4m3 subnormal, 2**-9
 _E4M3_MAX = 448.0
@@ -166,12 +168,14 @@ def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None,
     else:
         if fmt == "fp8":
             target = amax.clamp_min(_FP8_AMAX_FLOOR) * _RECIP_448
+        elif fmt == "fp8_v4":
+            target = amax.clamp_min(_FP8_V4_AMAX_FLOOR) / _E4M3_MAX
         else:
             target = amax.clamp_min(_MXFP4_AMAX_FLOOR) * _RECIP_6
         scales = _ue8m0_ceil(target)
         scale = _ue8m0_value(scales)
     normalized = grouped / scale.unsqueeze(-1)
-    if fmt == "fp8":
+    if spec.value_bits == 8:
         codes = normalized.clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
     else:
         codes = _e2m1_codes(normalized)

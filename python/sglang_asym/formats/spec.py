@@ -1,11 +1,11 @@
-"""Static description of the three cache formats and their row sizes."""
+"""Static description of the block-scaled cache formats and their row sizes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-FormatName = Literal["fp8", "nvfp4", "mxfp4"]
+FormatName = Literal["fp8", "fp8_v4", "nvfp4", "mxfp4"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class FormatSpec:
 
 FORMATS: dict[str, FormatSpec] = {
     "fp8": FormatSpec("fp8", 8, "ue8m0", 32),
+    # SGLang's V4 (H200) main-KV cache: fp8 nope channels, its own scale rule (codec.py), 64 per scale
+    "fp8_v4": FormatSpec("fp8_v4", 8, "ue8m0", 64),
     "nvfp4": FormatSpec("nvfp4", 4, "e4m3", 16),
     "mxfp4": FormatSpec("mxfp4", 4, "ue8m0", 32),
 }

@@ -77,7 +77,7 @@ class V41Model(nn.Module):
             raise ConfigError("the reference model leaves Engram out (see README): engram_layer_ids must be empty")
         self.cfg, self.role = cfg, role
         self.dtype = resolve_dtype(dtype, cfg)
-        self.quant = Quantizer(cache_quant)
+        self.quant = Quantizer(cache_quant, rope_channels=cfg.qk_rope_head_dim)
         self.plan = LayerPlan.from_config(cfg)
         last = self.plan.last_kv_source
         with torch.device(device):

@@ -1,5 +1,6 @@
-"""The model's view of cache quantization: 'none' (exact float math) or 'release' (FP8 window KV,
-NVFP4 compressed KV, MXFP4 indexer queries and keys), applied right after RoPE as released."""
+"""The model's view of cache quantization: 'none' (exact float math), 'release' (FP8 window KV,
+NVFP4 compressed KV, MXFP4 indexer queries and keys) or 'v4' (both KV caches in SGLang's V4 row),
+applied right after RoPE as released."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..formats import CacheQuant, quantize_index, quantize_main_kv, quantize_swa_kv
-
-CACHE_QUANT_MODES = ("none", "release")
+from ..formats import CACHE_QUANT_MODES, CacheQuant, quantize_index, quantize_main_kv, quantize_swa_kv
 
 
 @dataclass(frozen=True)
 class Quantizer:
     mode: str = "none"
     checked: bool = True  # refuse non-finite rows (a host sync); False inside captured graphs
+    rope_channels: int = 64  # the config's qk_rope_head_dim (the V4 row keeps them in bf16)
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_QUANT_MODES:
@@ -27,7 +27,7 @@ class Quantizer:
 
     @property
     def _quant(self) -> CacheQuant:
-        return CacheQuant(mode=self.mode, checked=self.checked)
+        return CacheQuant(mode=self.mode, checked=self.checked, rope_channels=self.rope_channels)
 
     def swa_kv(self, x: torch.Tensor) -> torch.Tensor:
         return quantize_swa_kv(x, self._quant)

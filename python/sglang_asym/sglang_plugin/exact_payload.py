@@ -31,7 +31,7 @@ import numpy as np
 from ..cache.groups import GroupKind, parse_group
 from ..manifest import RowGroup
 from ..split import SplitPlan
-from .kv_pool import PAGE_SIZE
+from .kv_pool import PAGE_SIZE, pool_row_format
 from .pool_payload import PoolPayloadError, RequestPages, group_rows, row_sites
 from .room_lifecycle import RoomLifecycleManager, RoomLifecycleSender
 
@@ -119,7 +119,7 @@ def chunk_blocks(pool: Any, split: SplitPlan, first_page: int, src_pages: Sequen
     dst_req = RequestPages(_pages(first_page, dst_pages[:len(src_pages)]), (), 0)
     end_page = first_page + len(src_pages)
     blocks: list[Block] = []
-    for group in split.manifest("release").nonempty().groups:
+    for group in split.manifest(pool_row_format(pool)).nonempty().groups:
         gid = parse_group(group.name)
         if not gid.kind.streams:  # kv and index rows: final once their page is computed
             continue
@@ -145,7 +145,7 @@ def state_blocks(pool: Any, split: SplitPlan, kinds: Sequence[GroupKind], src_in
     if len(src_indices) != len(dst_indices):
         raise ExactPayloadError(f"{kinds}: {len(src_indices)} source items, {len(dst_indices)} destinations")
     blocks: list[Block] = []
-    for group in split.manifest("release").nonempty().groups:
+    for group in split.manifest(pool_row_format(pool)).nonempty().groups:
         kind = parse_group(group.name).kind
         if kind not in kinds:
             continue
@@ -323,7 +323,7 @@ def exact_manager_class() -> type:
             except (ExactPayloadError, PoolPayloadError, RuntimeError) as exc:
                 return self._fail_room(req.room, exc)
             rc = self._write(req.mooncake_session_id, req.room, state, blocks)
-            expected = state.split.manifest("release").total_bytes
+            expected = state.split.manifest(pool_row_format(self._asym_pool)).total_bytes
             log.debug("sglang-asym: room %s shipped %d bytes in %d chunks (manifest %d)", req.room,
                       state.bytes_sent, state.chunks, expected)
             return rc

@@ -19,6 +19,22 @@ import torch
 from ..config import V41Config
 
 PAGE_SIZE = 256  # SGLang asserts 256-token pages for the DeepSeek-V4 family
+# SGLang's main KV layout -> the model's packed row format (cache/groups.py) and `--cache-quant` mode that
+# its pool holds byte for byte: V4.1's own formats in a v41 pool, SGLang's V4 row in a v4 pool
+ROW_FORMAT_OF_LAYOUT = {"v41": "release", "v4": "v4"}
+
+
+def row_format_of_layout(layout: str) -> str:
+    try:
+        return ROW_FORMAT_OF_LAYOUT[layout]
+    except KeyError:
+        raise ValueError(f"the reference model's rows fit SGLang's {' / '.join(ROW_FORMAT_OF_LAYOUT)} pool layouts, "
+                         f"not {layout!r}") from None
+
+
+def pool_row_format(pool: Any) -> str:
+    """The packed row format a DeepSeekV4TokenToKVPool holds (by its main KV layout)."""
+    return row_format_of_layout(pool.swa_kv_pool.kv_layout.value)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The asymmetric payload inside SGLang's DeepSeekV4TokenToKVPool: where each manifest row lives, and
 what SGLang's Mooncake manager moves for one request.
 
-Row sites (SGLang's `v41` KV layout; every offset comes from SGLang's own pool objects):
+Row sites (SGLang's `v41` KV layout; in a `v4` pool the kv and swa rows are V4 rows of 576 data and 8
+scale bytes, kv_pool.pool_row_format; every offset comes from SGLang's own pool objects):
   kv.L{o}     compressed main KV of KV source o, ratio r: pool `kv_pools[r].kv_buffer[k]` (k: o's
               position in `sources_by_ratio[r]`). Compressed row j sits in FULL page
               `full_pages[j*r // 256]`, slot `j % (256/r)`; inside a page SGLang's KVLayout is
@@ -33,9 +34,9 @@ import numpy as np
 import torch
 
 from ..cache.groups import KIND_FORMATS, GroupKind, parse_group
-from ..formats.spec import format_spec, num_groups, resolve_block_size
+from ..config import V41Config
 from ..split import SplitPlan
-from .kv_pool import PAGE_SIZE
+from .kv_pool import PAGE_SIZE, pool_row_format
 
 CONTIGUOUS, STATE, REQUEST_STATE = "contiguous", "state", "request_state"
 
@@ -99,12 +100,14 @@ def _entry_of_group(pool: Any, group: str) -> PoolEntry:
 # ---- row sites ------------------------------------------------------------------------------
 
 
-def _split_row(kind: str, row_bytes: int, channels: int) -> tuple[int, int]:
+def _split_row(kind: str, row_format: str, cfg: V41Config, row_bytes: int) -> tuple[int, int]:
     """(data bytes, scale bytes) of one of our packed rows."""
-    spec = format_spec(KIND_FORMATS[GroupKind(kind)].release)
-    data, scales = spec.value_bytes(channels), num_groups(channels, resolve_block_size(spec.name, None))
+    fmt = KIND_FORMATS[GroupKind(kind)]
+    codec = fmt.packed(row_format, cfg)
+    data, scales = codec.parts(fmt.channels(cfg))
     if data + scales != row_bytes:
-        raise PoolPayloadError(f"{kind} rows of {row_bytes} bytes are not {spec.name} rows of {channels} channels")
+        raise PoolPayloadError(f"{kind} rows of {row_bytes} bytes are not {codec.fmt} rows of {fmt.channels(cfg)} "
+                               f"channels")
     return data, scales
 
 
@@ -150,8 +153,7 @@ def row_sites(pool: Any, group: str, rows: range, pages: RequestPages, split: Sp
             layout, buf, page_size = kv.kv_layout, kv.kv_buffer[k], kv.page_size
         else:
             layout, buf, page_size = None, pool.index_pools[ratio].index_k_with_scale_buffer[k], None
-    channels = split.config.index_head_dim if kind == "index" else split.config.head_dim
-    data_bytes, scale_bytes = _split_row(kind, row_bytes, channels)
+    data_bytes, scale_bytes = _split_row(kind, pool_row_format(pool), split.config, row_bytes)
     buf = buf.view(torch.uint8)
     sites = []
     for j in rows:
@@ -190,7 +192,7 @@ def group_rows(split: SplitPlan, group: str, num_rows: int) -> range:
 
 def write_payload(pool: Any, pages: RequestPages, split: SplitPlan, rows: dict[str, np.ndarray]) -> None:
     """Writes our packed rows (uint8 [n, row_bytes] per manifest group) into SGLang's pool."""
-    manifest = split.manifest("release").nonempty()
+    manifest = split.manifest(pool_row_format(pool)).nonempty()
     if set(rows) != {g.name for g in manifest.groups}:
         raise PoolPayloadError(f"payload groups {sorted(rows)} are not the manifest's "
                                f"{sorted(g.name for g in manifest.groups)}")
@@ -212,7 +214,7 @@ def write_payload(pool: Any, pages: RequestPages, split: SplitPlan, rows: dict[s
 def read_payload(pool: Any, pages: RequestPages, split: SplitPlan) -> dict[str, np.ndarray]:
     """The manifest's rows as they sit in SGLang's pool, re-joined as our packed rows."""
     out = {}
-    for group in split.manifest("release").nonempty().groups:
+    for group in split.manifest(pool_row_format(pool)).nonempty().groups:
         sites = row_sites(pool, group.name, group_rows(split, group.name, group.num_rows), pages,
                        split, group.row_bytes)
         out[group.name] = np.stack([
@@ -237,7 +239,7 @@ class SendEntries:
 
 def asym_send_entries(pool: Any, pages: RequestPages, split: SplitPlan) -> tuple[SendEntries, ...]:
     """The registered entries and item indices the asymmetric payload of `split` occupies."""
-    manifest = split.manifest("release").nonempty()
+    manifest = split.manifest(pool_row_format(pool)).nonempty()
     if not manifest.groups:
         return ()
     chosen: dict[str, list[PoolEntry]] = {CONTIGUOUS: [], STATE: [], REQUEST_STATE: []}

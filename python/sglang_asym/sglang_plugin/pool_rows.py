@@ -1,18 +1,19 @@
 """Cache rows of one request in SGLang's DeepSeekV4TokenToKVPool, read and written by request position.
 
-The reference model's cache groups (cache/request.py) live in SGLang's pool at these sites (`v41`
-layout; the same placement pool_payload.py uses for the transfer manifest, here vectorised over
-many rows):
+The reference model's cache groups (cache/request.py) live in SGLang's pool at these sites (the same
+placement pool_payload.py uses for the transfer manifest, here vectorised over many rows):
   swa.L{i}    token t: SWA slot full_to_swa[req_to_token[r, t]] of `swa_kv_pool.kv_buffer[i]`
-              (fp8 rows, block-split pages: every slot's data, then every slot's scales)
+              (fp8 rows in a `v41` pool, V4 rows in a `v4` one; block-split pages: every slot's data,
+              then every slot's scales)
   kv.L{o}     compressed row j of a ratio-q source: slot req_to_token[r, j*q] // q of
-              `kv_pools[q].kv_buffer[k]` (nvfp4 rows, block-split pages of 256/q slots)
+              `kv_pools[q].kv_buffer[k]` (nvfp4 rows in `v41`, V4 rows in `v4`; block-split pages of 256/q slots)
   index.L{o}  the same slot in `index_pools[q].index_k_with_scale_buffer[k]` (mxfp4: 64-slot pages,
               all codes then all scales)
   tail.L{o}   a ratio-2 source's pending token t: ring row r * ring + t % ring of
               `compress_state_pools[o]` (fp32 value | gate)
-Rows move as packed bytes (formats/rows.py), which the model's release-format caches round-trip
-exactly, so the pool's bytes are the request state.
+Rows move as packed bytes in the pool's row format (kv_pool.pool_row_format), which the model's caches
+round-trip exactly when it quantizes them the same way (`release` for v41, `v4` for v4), so the pool's
+bytes are the request state.
 """
 
 from __future__ import annotations
@@ -25,11 +26,8 @@ import torch
 
 from ..cache.groups import KIND_FORMATS, GroupKind
 from ..config import V41Config
-from ..formats import pack_rows, unpack_rows
-from ..formats.spec import format_spec, num_groups, resolve_block_size
-from .kv_pool import PAGE_SIZE
-
-SUPPORTED_LAYOUTS = ("v41",)
+from ..formats import CacheFormat
+from .kv_pool import PAGE_SIZE, ROW_FORMAT_OF_LAYOUT, pool_row_format
 
 
 class PoolRowsError(RuntimeError):
@@ -42,13 +40,8 @@ class _Placement:
     page_bytes: int
     data_bytes: int
     scale_bytes: int
-    fmt: str
+    fmt: CacheFormat
     channels: int
-
-
-def _parts(kind: str, channels: int) -> tuple[int, int]:
-    spec = format_spec(KIND_FORMATS[GroupKind(kind)].release)
-    return spec.value_bytes(channels), num_groups(channels, resolve_block_size(spec.name, None))
 
 
 class PoolRows:
@@ -56,10 +49,13 @@ class PoolRows:
 
     def __init__(self, pool: Any, req_to_token: torch.Tensor, cfg: V41Config) -> None:
         layout = pool.kv_layout.value  # the main (SWA) layout; compressed layouts are checked per ratio
-        if layout not in SUPPORTED_LAYOUTS:
-            raise PoolRowsError(f"the reference forward reads SGLang's {' / '.join(SUPPORTED_LAYOUTS)} pool layout, "
-                                f"this pool is {layout!r} (set SGLANG_DSV4_KV_LAYOUT=v41)")
+        if layout not in ROW_FORMAT_OF_LAYOUT:
+            raise PoolRowsError(f"the reference forward reads SGLang's {' / '.join(ROW_FORMAT_OF_LAYOUT)} pool layouts, "
+                                f"this pool is {layout!r} (set SGLANG_DSV4_KV_LAYOUT)")
         self.pool, self.req_to_token, self.cfg = pool, req_to_token, cfg
+        self.row_format = pool_row_format(pool)
+        self._codec = {kind: KIND_FORMATS[kind].packed(self.row_format, cfg)
+                       for kind in (GroupKind.SWA, GroupKind.KV, GroupKind.INDEX)}
         self.ratio = {o: cfg.compress_ratios[o] for o in cfg.kv_source_layer_ids}
         self._kv: dict[int, _Placement] = {}
         self._index: dict[int, _Placement] = {}
@@ -73,17 +69,19 @@ class PoolRows:
             kv = pool.kv_pools[ratio]
             if kv.page_size * ratio != PAGE_SIZE:
                 raise PoolRowsError(f"kv.L{owner}: compressed pages of {kv.page_size} rows, expected {PAGE_SIZE // ratio}")
-            data, scales = _parts("kv", cfg.head_dim)
+            codec = self._codec[GroupKind.KV]
+            data, scales = codec.parts(cfg.head_dim)
             if (kv.kv_layout.data_bytes, kv.kv_layout.scale_bytes) != (data, scales):
                 raise PoolRowsError(f"kv.L{owner}: SGLang's rows are {kv.kv_layout.data_bytes}+"
                                     f"{kv.kv_layout.scale_bytes} bytes, the model's {data}+{scales}")
             buf = kv.kv_buffer[k].view(torch.uint8)
-            self._kv[owner] = _Placement(buf.view(-1), buf.shape[1], data, scales, "nvfp4", cfg.head_dim)
-            data, scales = _parts("index", cfg.index_head_dim)
+            self._kv[owner] = _Placement(buf.view(-1), buf.shape[1], data, scales, codec, cfg.head_dim)
+            codec = self._codec[GroupKind.INDEX]
+            data, scales = codec.parts(cfg.index_head_dim)
             buf = pool.index_pools[ratio].index_k_with_scale_buffer[k].view(torch.uint8)
-            self._index[owner] = _Placement(buf.view(-1), buf.shape[1], data, scales, "mxfp4", cfg.index_head_dim)
+            self._index[owner] = _Placement(buf.view(-1), buf.shape[1], data, scales, codec, cfg.index_head_dim)
         swa = pool.swa_kv_pool
-        data, scales = _parts("swa", cfg.head_dim)
+        data, scales = self._codec[GroupKind.SWA].parts(cfg.head_dim)
         if (swa.kv_layout.data_bytes, swa.kv_layout.scale_bytes) != (data, scales):
             raise PoolRowsError(f"swa: SGLang's rows are {swa.kv_layout.data_bytes}+{swa.kv_layout.scale_bytes} "
                                 f"bytes, the model's {data}+{scales}")
@@ -133,14 +131,14 @@ class PoolRows:
         data, scales = self._swa_parts
         flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(start, end))
         packed = self._gather(flat, d_off, s_off, data, scales)
-        return unpack_rows(packed, "fp8", self.cfg.head_dim).to(dtype)
+        return self._codec[GroupKind.SWA].unpack_rows(packed, self.cfg.head_dim).to(dtype)
 
     def write_window(self, layer: int, req: int, start: int, values: torch.Tensor) -> None:
         if values.shape[0] == 0:
             return
         data, scales = self._swa_parts
         flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(start, start + values.shape[0]))
-        self._scatter(flat, d_off, s_off, pack_rows(values.float(), "fp8"), data, scales)
+        self._scatter(flat, d_off, s_off, self._codec[GroupKind.SWA].pack_rows(values.float()), data, scales)
 
     def read_compressed(self, kind: str, owner: int, req: int, end: int, dtype: torch.dtype) -> torch.Tensor:
         """Rows [0, end) of owner's compressed KV (`kind` 'kv') or index keys ('index')."""
@@ -149,14 +147,14 @@ class PoolRows:
             return torch.empty(0, place.channels, dtype=dtype)
         d_off, s_off = self._compressed_offsets(owner, kind, req, torch.arange(end))
         packed = self._gather(place.buffer, d_off, s_off, place.data_bytes, place.scale_bytes)
-        return unpack_rows(packed, place.fmt, place.channels).to(dtype)
+        return place.fmt.unpack_rows(packed, place.channels).to(dtype)
 
     def write_compressed(self, kind: str, owner: int, req: int, first_row: int, values: torch.Tensor) -> None:
         if values.shape[0] == 0:
             return
         place = (self._kv if kind == "kv" else self._index)[owner]
         d_off, s_off = self._compressed_offsets(owner, kind, req, torch.arange(first_row, first_row + values.shape[0]))
-        self._scatter(place.buffer, d_off, s_off, pack_rows(values.float(), place.fmt), place.data_bytes,
+        self._scatter(place.buffer, d_off, s_off, place.fmt.pack_rows(values.float()), place.data_bytes,
                       place.scale_bytes)
 
     def snapshot(self, req: int, num_tokens: int, swa_layers: Sequence[int] | None = None,

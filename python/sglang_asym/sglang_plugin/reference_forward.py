@@ -35,6 +35,8 @@ from ..model.model import SegmentInput, V41Model
 from ..sched.config import DEFAULT_WINDOW_CHUNK
 from ..split import Semantics, SplitPlan
 from .pool_dump import dump, dump_dir, log_forward, transferred_extent
+from .cpu_patches import cpu_kv_layout_name
+from .kv_pool import row_format_of_layout
 from .pool_rows import PoolRows
 from .prefill_cut import prompt_len_of
 from .sglang_weights import reference_model_from_sglang
@@ -262,13 +264,15 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
     model_path = server_args.model_path
     cfg = V41Config.from_json_file(model_path)
     role = "prefill" if role_of(sglang_model) is not None else "full"
-    reference = reference_model_from_sglang(sglang_model, cfg, model_path, role=role)
+    # the caches are quantized as the pool stores them: V4.1's formats in v41, SGLang's V4 row in v4
+    cache_quant = row_format_of_layout(cpu_kv_layout_name())
+    reference = reference_model_from_sglang(sglang_model, cfg, model_path, cache_quant=cache_quant, role=role)
     settings = settings_of(server_args)
     semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
     deterministic = bool(server_args.enable_deterministic_inference)
     sglang_model.forward = _LazyPoolBinding(reference, semantics, deterministic)
-    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s) runs the reference forward over SGLang's pool on CPU",
-             role, semantics.value, ", deterministic" if deterministic else "")
+    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches) runs the reference forward over SGLang's "
+             "pool on CPU", role, semantics.value, ", deterministic" if deterministic else "", cache_quant)
 
 
 class _LazyPoolBinding:
@@ -284,6 +288,9 @@ class _LazyPoolBinding:
             if _FACTS.kv_pool is None:
                 raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
             rows = PoolRows(_FACTS.kv_pool, _FACTS.req_to_token, self.reference.cfg)
+            if rows.row_format != self.reference.quant.mode:
+                raise RuntimeError(f"SGLang's pool holds {rows.row_format} rows, the reference model quantizes its "
+                                   f"caches as {self.reference.quant.mode}")
             self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic)
         with torch.no_grad():
             return self.bound(input_ids, positions, forward_batch, *args, **kwargs)

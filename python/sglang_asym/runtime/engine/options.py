@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...config import DEFAULT_WINDOW
+from ...formats import CACHE_QUANT_MODES
 from ...sched import SchedulerConfig
 from ...split import Semantics
 
@@ -72,8 +73,8 @@ class EngineOptions:
                              f"got {self.semantics.value!r}")
         if self.window < 1:
             raise ValueError(f"--asym-window must be >= 1, got {self.window}")
-        if self.cache_quant not in ("none", "release"):
-            raise ValueError(f"--cache-quant must be none or release, got {self.cache_quant!r}")
+        if self.cache_quant not in CACHE_QUANT_MODES:
+            raise ValueError(f"--cache-quant must be one of {list(CACHE_QUANT_MODES)}, got {self.cache_quant!r}")
         if self.max_running < 1 or self.max_total_tokens < 2 or self.prefill_chunk < 1:
             raise ValueError("max_running, max_total_tokens and prefill_chunk must be positive")
         if self.graph_backend not in GRAPH_BACKENDS:

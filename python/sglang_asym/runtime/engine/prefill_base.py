@@ -72,7 +72,7 @@ class PrefillEngineBase(EngineBase):
         raise NotImplementedError
 
     def encode(self, group: str, rows: torch.Tensor) -> np.ndarray:
-        return encode_rows(group, rows, self.row_format)
+        return encode_rows(group, rows, self.row_format, self.model.cfg)
 
     # ---- the request flow ----------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:

@@ -114,13 +114,13 @@ def check_state_rows(cfg: V41Config, rows: Mapping[str, torch.Tensor], prompt_le
 
 
 # ---- the wire -------------------------------------------------------------------------------
-def encode_state_rows(group: str, rows: torch.Tensor, row_format: str) -> np.ndarray:
+def encode_state_rows(group: str, rows: torch.Tensor, row_format: str, cfg: V41Config) -> np.ndarray:
     """Cache rows as payload_io encodes them; aux rows as raw bytes (one row)."""
     if group == FIRST_TOKEN:
         return rows.to(torch.int64).reshape(1, 1).view(torch.uint8).numpy()
     if group == RNG_STATE:
         return rows.to(torch.uint8).reshape(1, -1).numpy()
-    return encode_rows(group, rows, row_format)
+    return encode_rows(group, rows, row_format, cfg)
 
 
 def decode_state_rows(group: str, data: np.ndarray, row_format: str, cfg: V41Config, dtype: torch.dtype

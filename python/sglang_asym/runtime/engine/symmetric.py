@@ -48,7 +48,7 @@ class SymmetricPrefillEngine(PrefillEngineBase):
         return state_manifest(split, self.row_format, self.model.dtype, sampled=not req.sampling.is_greedy)
 
     def encode(self, group: str, rows: torch.Tensor) -> np.ndarray:
-        return encode_state_rows(group, rows, self.row_format)
+        return encode_state_rows(group, rows, self.row_format, self.model.cfg)
 
     def compute_and_send(self, req: GenerateRequest, split: SplitPlan, sender, slots) -> dict[str, Any]:
         manifest = sender.manifest

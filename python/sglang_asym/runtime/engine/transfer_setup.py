@@ -11,6 +11,7 @@ from ...config import V41Config
 from ...transfer import KVPoll, RowPool, TransferCompat, TransferConfig
 from .options import EngineOptions
 from ...cache import GroupKind, cache_group
+from ...cache.groups import row_format_for_cache_quant
 
 POLL_S = 0.002
 # Staged transfers (transfer/extents.py): P's staging and D's landing buffer. A request whose payload
@@ -19,8 +20,8 @@ STAGED_BUFFER_BYTES = 16 << 20
 
 
 def row_format_for(options: EngineOptions) -> str:
-    # Release-format packing is lossless only when the model's caches already hold quantized rows.
-    return "release" if options.cache_quant == "release" else "model"
+    # Packing is lossless only when the model's caches already hold rows quantized the same way.
+    return row_format_for_cache_quant(options.cache_quant)
 
 
 def rows_per_request(cfg: V41Config, options: EngineOptions, group: str) -> int:

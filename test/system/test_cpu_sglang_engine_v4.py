@@ -1,0 +1,88 @@
+"""SGLang's own engine on CPU with the `v4` KV pool layout (SGLANG_DSV4_KV_LAYOUT=v4, what SGLang picks on
+an H200): window and compressed KV rows of 448 fp8 nope + 64 bf16 rope channels (584 bytes), index keys
+as in v41. The reference forward then quantizes its caches the same way (`--cache-quant v4`), so:
+- `null` with a chunked-prefill size of 256 gives the embedded runtime's `null --cache-quant v4` greedy
+  tokens for prompts that fit one chunk, and for longer ones the reference model's over the same chunks;
+- SGLang's symmetric `prefill` / `decode` over Mooncake behind sglang-router gives the embedded runtime's
+  tokens for N in {1, 127, 128, 129, 130, 600, 1500}, and after each transfer D's pool holds P's V4 rows
+  at its own slots byte for byte.
+The v41 layout (the CPU default, B300's choice) is test_cpu_sglang_engine.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import start_server
+
+from .helpers import serving
+from .sglang_servers import (equal_pool_dumps, greedy, patient_router, prompt_of, reference_greedy_over_chunks,
+                             settle, sglang_server, write_sglang_checkpoint)
+
+pytestmark = pytest.mark.timeout(1500)
+
+LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
+CHUNK = 256
+V4_ENV = {"SGLANG_DSV4_KV_LAYOUT": "v4"}
+V4_ROW_BYTES, INDEX_ROW_BYTES = 584, 68
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pool_dumps_v4")
+
+
+@pytest.fixture(scope="module")
+def sglang_checkpoint(tmp_path_factory) -> Path:
+    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_ckpt_v4"))
+
+
+@pytest.fixture(scope="module")
+def engines(sglang_checkpoint, dumps, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("sglang_engine_v4_logs")
+    pair_env = {**V4_ENV, "SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
+    servers = {
+        "reference": start_server("null", sglang_checkpoint, logs, "--cache-quant", "v4"),  # the embedded runtime
+        "null": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(CHUNK), env=V4_ENV),
+        "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=pair_env),
+        "decode": sglang_server("decode", sglang_checkpoint, logs, env=pair_env),
+    }
+    with serving(servers, timeout_s=600):
+        yield servers
+
+
+@pytest.mark.parametrize("n", [n for n in LENGTHS if n <= CHUNK])
+def test_null_in_one_chunk_equals_the_embedded_runtime(engines, n):
+    assert greedy(engines["null"].url, prompt_of(n)) == greedy(engines["reference"].url, prompt_of(n))
+
+
+@pytest.mark.parametrize("n", [n for n in LENGTHS if n > CHUNK])
+def test_null_over_chunks_equals_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
+    prompt = prompt_of(n)
+    assert greedy(engines["null"].url, prompt) == reference_greedy_over_chunks(sglang_checkpoint, prompt, CHUNK, "v4")
+
+
+def test_the_layout_changes_the_tokens(engines, sglang_checkpoint):
+    """Under V4.1's release formats the same prompt gives other tokens (measured: the first token of N = 600
+    already differs), so the equalities here see which caches the engine quantized."""
+    prompt = prompt_of(600)
+    assert greedy(engines["null"].url, prompt) != reference_greedy_over_chunks(sglang_checkpoint, prompt, CHUNK,
+                                                                                "release")
+
+
+def test_symmetric_pd_behind_sglang_router_equals_the_embedded_runtime_and_ships_v4_rows(engines, dumps):
+    with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+        for n in LENGTHS:
+            assert greedy(router.url, prompt_of(n)) == greedy(engines["reference"].url, prompt_of(n)), f"N={n}"
+    seen = []
+    for n, p in equal_pool_dumps(dumps, len(LENGTHS)):
+        seen.append(n)
+        assert p["swa.L39"].shape == (min(n, 128), V4_ROW_BYTES) and p["kv.L20"].shape == (n, V4_ROW_BYTES)
+        assert p["kv.L2"].shape == (n // 2, V4_ROW_BYTES) and p["index.L2"].shape == (n // 2, INDEX_ROW_BYTES)
+        assert p["kv.L20"].any() and p["swa.L0"].any()
+        assert not p["swa.L0"][:, -1].any()  # the V4 row's scale pad byte stays zero
+    assert sorted(seen) == sorted(LENGTHS)
+    assert settle([engines["prefill"], engines["decode"]]) == [0, 0]
