@@ -1,0 +1,85 @@
+"""The asymmetric pair served by SGLang's own engine on CPU in the `v4` pool layout, against the embedded
+runtime's asym pair at `--cache-quant v4`, each behind its own sglang-router.
+
+Per prompt length: both pairs' greedy tokens (equal or not), and the bytes P's exact-payload manager wrote
+(`sglang_asym:kv_transfer_payload_bytes_total` on P's /metrics) against the SplitPlan manifest in the `v4`
+row format. Afterwards SGLang's used-token counters of P and D. The suite checks `v41` this way
+(test_cpu_sglang_engine_asym.py) and `v4` for `null` and symmetric PD (test_cpu_sglang_engine_v4.py); this
+run covers the asymmetric modes in `v4` without adding four servers to the suite.
+Writes benchmark/results/sglang_engine_v4_asym.json (one entry per semantics).
+
+    .venv/bin/python benchmark/sglang_engine_v4_asym.py [--lengths 1 64 128 129 257 1000 4097]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.runtime.server_process import start_server
+from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.split import SplitPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"
+WINDOW = 128
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1, 64, 128, 129, 257, 1000, 4097])
+    ap.add_argument("--semantics", default="asym-exact-encoder", choices=["asym-exact-encoder", "asym"])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmark" / "results" / "sglang_engine_v4_asym.json")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # each server its share of the cores (inherited)
+    sys.path.insert(0, str(ROOT / "test"))
+    from system.helpers import serving
+    from system.sglang_servers import (greedy, metric_sum, patient_router, prompt_of, settle, sglang_server,
+                                       write_sglang_checkpoint)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="v4-asym-") as tmp:
+        checkpoint = write_sglang_checkpoint(Path(tmp) / "ckpt")
+        logs = Path(tmp) / "logs"
+        logs.mkdir()
+        # both stacks compute P's prefix in one forward (the reference model is not chunk-invariant bit for bit)
+        flags = ("--asym-semantics", args.semantics, "--chunked-prefill-size", "8192")
+        v4 = {"SGLANG_DSV4_KV_LAYOUT": "v4"}
+        servers = {
+            "prefill": sglang_server("asym-prefill", checkpoint, logs, *flags, env=v4),
+            "decode": sglang_server("asym-decode", checkpoint, logs, *flags, env=v4),
+            "ref_prefill": start_server("asym-prefill", checkpoint, logs, *flags, "--cache-quant", "v4"),
+            "ref_decode": start_server("asym-decode", checkpoint, logs, *flags, "--cache-quant", "v4"),
+        }
+        with serving(servers, timeout_s=600):
+            with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as ours, \
+                    patient_router(servers["ref_prefill"], servers["ref_decode"], RouterFlavor.SGLANG_ROUTER) as ref:
+                for n in args.lengths:
+                    before = metric_sum(servers["prefill"], PAYLOAD_BYTES) or 0.0
+                    sglang_tokens = greedy(ours.url, prompt_of(n))
+                    embedded_tokens = greedy(ref.url, prompt_of(n))
+                    shipped = int((metric_sum(servers["prefill"], PAYLOAD_BYTES) or 0.0) - before)
+                    manifest = SplitPlan(sglang_small(), n, WINDOW, args.semantics).manifest("v4").total_bytes
+                    rows.append({"n": n, "equal": sglang_tokens == embedded_tokens, "sglang_engine": sglang_tokens,
+                                 "embedded": embedded_tokens, "payload_bytes": shipped, "manifest_v4_bytes": manifest})
+                    print(json.dumps(rows[-1]), flush=True)
+            used_after = settle([servers["prefill"], servers["decode"]])
+    result = {"command": "python benchmark/sglang_engine_v4_asym.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "semantics": args.semantics, "layout": "v4", "lengths": rows,
+              "all_equal": all(r["equal"] for r in rows),
+              "payload_is_manifest": all(r["payload_bytes"] == r["manifest_v4_bytes"] for r in rows),
+              "used_tokens_after": {"prefill": used_after[0], "decode": used_after[1]}}
+    data = json.loads(args.out.read_text()) if args.out.exists() else {}
+    data[args.semantics] = result  # one entry per semantics
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("all_equal", "payload_is_manifest", "used_tokens_after")}))
+    return 0 if result["all_equal"] and result["payload_is_manifest"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
