@@ -331,19 +331,34 @@ def start_stack(checkpoint: Path, logs: Path, decode_extra: tuple[str, ...] = ()
     servers = {"prefill": start_server("asym-prefill", checkpoint, logs, *timeout),
                "decode": start_server("asym-decode", checkpoint, logs, *timeout, "--transfer-fallback", fallback,
                                       *decode_extra)}
+    return servers, router_in_front(servers, logs)
+
+
+def router_in_front(servers: dict[str, ServerProcess], logs: Path, extra_args: tuple[str, ...] = (),
+                    healthy_s: float = 180) -> RouterProcess:
+    """sglang-router in front of the started pair, once both are healthy (everything stopped on failure)."""
     router = RouterProcess(RouterConfig(prefill=(PrefillWorker(servers["prefill"].url, servers["prefill"].bootstrap_port),),
-                                        decode=(servers["decode"].url,), port=pick_free_port(), retry_max_retries=1),
+                                        decode=(servers["decode"].url,), port=pick_free_port(), retry_max_retries=1,
+                                        extra_args=extra_args),
                            log_path=logs / "router.log")
     try:
         for s in servers.values():
-            wait_healthy(s, 180)
-        router.start(ready_timeout_s=120)
+            wait_healthy(s, healthy_s)
+        router.start(ready_timeout_s=180)
     except BaseException:
         router.stop()
         for s in servers.values():
             s.stop()
         raise
-    return servers, router
+    return router
+
+
+def add_load_args(ap: argparse.ArgumentParser) -> None:
+    """The load phases' flags (LoadConfig), shared by both soak benchmarks."""
+    ap.add_argument("--concurrent", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--soak-concurrency", type=int, default=6)
+    ap.add_argument("--disrupt", type=float, default=0.1)
 
 
 def merge_into(path: Path, key: str, value: dict) -> None:
@@ -354,10 +369,7 @@ def merge_into(path: Path, key: str, value: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrent", type=int, default=200)
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--soak-concurrency", type=int, default=6)
-    ap.add_argument("--disrupt", type=float, default=0.1)
+    add_load_args(ap)
     ap.add_argument("--ttft-prompts", type=int, nargs="*", default=[512, 2048])
     ap.add_argument("--ttft-rounds", type=int, default=5)
     ap.add_argument("--transfer-fallback", choices=["off", "recompute"], default="recompute",

@@ -28,10 +28,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from soak import LoadConfig, burst, growth, merge_into, process_resources, soak, summary
+from soak import (LoadConfig, add_load_args, burst, growth, merge_into, process_resources, router_in_front, soak,
+                  summary)
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
+from sglang_asym.runtime.router_launch import RouterProcess
+from sglang_asym.runtime.server_process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 USED_TOKENS = "sglang:num_used_tokens"
@@ -148,30 +149,14 @@ def start_stack(checkpoint: Path, logs: Path, threads: int) -> tuple[dict[str, S
     env = {"SGLANG_PLUGINS": "sglang_asym", "OMP_NUM_THREADS": str(threads)}
     servers = {role: start_server(f"asym-{role}", checkpoint, logs, *common, module="sglang.launch_server", env=env)
                for role in ("prefill", "decode")}
-    router = RouterProcess(RouterConfig(
-        prefill=(PrefillWorker(servers["prefill"].url, servers["prefill"].bootstrap_port),),
-        decode=(servers["decode"].url,), port=pick_free_port(), retry_max_retries=1,
-        # SGLang's /health runs a request through the scheduler: on 2 busy cores it can take seconds
-        extra_args=("--disable-circuit-breaker", "--health-check-timeout-secs", "60",
-                    "--health-failure-threshold", "10")), log_path=logs / "router.log")
-    try:
-        for s in servers.values():
-            wait_healthy(s, 600)
-        router.start(ready_timeout_s=180)
-    except BaseException:
-        router.stop()
-        for s in servers.values():
-            s.stop()
-        raise
-    return servers, router
+    # SGLang's /health runs a request through the scheduler: on 2 busy cores it can take seconds
+    checks = ("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
+    return servers, router_in_front(servers, logs, checks, healthy_s=600)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrent", type=int, default=200)
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--soak-concurrency", type=int, default=6)
-    ap.add_argument("--disrupt", type=float, default=0.1)
+    add_load_args(ap)
     ap.add_argument("--request-timeout", type=float, default=300.0,
                     help="a request not ended by then counts as a hang")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmark" / "results" / "reliability.json")
