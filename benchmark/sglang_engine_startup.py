@@ -37,7 +37,8 @@ STACKS = {
 }
 
 
-def _children(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
+    """pid and every descendant (/proc/<pid>/task/<tid>/children)."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -53,7 +54,7 @@ def _children(pid: int) -> list[int]:
 
 def _peak_mb(pid: int) -> tuple[float, float]:
     peaks = []
-    for p in _children(pid):
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from sglang_engine_startup import process_tree
 from soak import (LoadConfig, add_load_args, burst, growth, merge_into, process_resources, router_in_front, soak,
                   summary)
 
@@ -35,16 +36,9 @@ from sglang_asym.runtime.router_launch import RouterProcess
 from sglang_asym.runtime.server_process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "test"))
+from system.sglang_servers import metric_sum, write_sglang_checkpoint  # noqa: E402  (SGLang's /metrics reader)
 USED_TOKENS = "sglang:num_used_tokens"
-
-
-def _metric(server: ServerProcess, name: str) -> float | None:
-    import urllib.request
-
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
-        values = [float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
-                  if line.startswith((name + "{", name + " "))]
-    return sum(values) if values else None
 
 
 def settle(servers: dict[str, ServerProcess], timeout_s: float) -> dict[str, float]:
@@ -53,29 +47,14 @@ def settle(servers: dict[str, ServerProcess], timeout_s: float) -> dict[str, flo
     back: dict[str, float] = {}
     while len(back) < len(servers):
         for name, server in servers.items():
-            if name not in back and _metric(server, USED_TOKENS) == 0:
+            if name not in back and metric_sum(server, USED_TOKENS) == 0:
                 back[name] = round(time.monotonic() - started, 3)
         if len(back) < len(servers):
             if time.monotonic() > deadline:
-                left = {n: _metric(s, USED_TOKENS) for n, s in servers.items() if n not in back}
+                left = {n: metric_sum(s, USED_TOKENS) for n, s in servers.items() if n not in back}
                 raise AssertionError(f"used tokens not back at 0 after {timeout_s} s: {left}")
             time.sleep(0.5)
     return back
-
-
-def process_tree(pid: int) -> list[int]:
-    """pid and every descendant (/proc/<pid>/task/<tid>/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:  # gone meanwhile
-            continue
-    return out
 
 
 def tree_resources(pid: int, router_pid: int | None) -> dict[str, int]:
@@ -167,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg = LoadConfig(concurrent=args.concurrent, requests=args.requests, soak_concurrency=args.soak_concurrency,
                      disrupt=args.disrupt, request_timeout_s=args.request_timeout)
     command = "python benchmark/soak_sglang_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    sys.path.insert(0, str(ROOT / "test"))
-    from system.sglang_servers import write_sglang_checkpoint
-
     with tempfile.TemporaryDirectory(prefix="soak-sglang-") as tmp:
         progress("writing the checkpoint")
         checkpoint = write_sglang_checkpoint(Path(tmp) / "ckpt")
