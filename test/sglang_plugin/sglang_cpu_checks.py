@@ -892,6 +892,19 @@ ASYM_RELIED_ON = {
         "except ValueError as e:", "return _create_error_response(e)"],
     "sglang.srt.entrypoints.http_server._create_error_response": [
         'status_code=getattr(e, "status_code", HTTPStatus.BAD_REQUEST)'],
+    # drain.py: SIGTERM while unhealthy calls force_exit_handler, then stops the scheduler and the HTTP server;
+    # an abort's finished_reason is what the request's handler answers with
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog": [
+        "self.force_exit_handler()", "self._server_stop_hook()"],
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_req": [
+        "finish_reason = recv_obj.finished_reason", "del self.rid_to_state[recv_obj.rid]"],
+    # prefill_stop.py: the step's first act is the pending chunked abort, which finishes the request with its
+    # discard_output_reason, aborts its sender and frees its pages
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run": [
+        "self.process_pending_chunked_abort()"],
+    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": [
+        'reason = req.discard_output_reason or FINISH_ABORT("Aborted")', "req.disagg_kv_sender.abort()",
+        "release_kv_cache(req, self.tree_cache, checkpoint=False)", "self.chunked_req = None"],
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.start_prefill_thread": [
         "self.transfer_infos[room][mooncake_session_id] = (", "self.update_status(room, KVPoll.WaitingForInput)"],
     "sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics": [
@@ -923,6 +936,11 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status",
     "sglang.srt.disaggregation.common.conn.CommonKVManager.send_kv_status_message",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
+    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort",
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.poll",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_req",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.abort",
     "sglang.srt.disaggregation.common.conn.CommonKVManager._room_notify_targets",
     "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode",
@@ -957,8 +975,74 @@ def asym_hooks() -> dict:
                             if hasattr(pkgutil.resolve_name("sglang.srt.disaggregation.base.conn").StateType, m)]}
 
 
+def force_exit() -> dict:
+    """drain.py's hook after SGLang's force_exit_handler, over SGLang's own abort handler and request states:
+    two requests in flight (one streamed) are each answered with an abort that carries a 503, their waiters
+    are woken, and nothing is left in flight."""
+    import asyncio
+    import types
+
+    from sglang_asym.sglang_plugin import cpu_import_gaps
+    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
+    from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
+
+    from sglang_asym.sglang_plugin.drain import FORCE_EXIT_MESSAGE, around_force_exit_handler
+
+    manager = types.SimpleNamespace(rid_to_state={}, incremental_streaming_output=False, enable_lora=False,
+                                    config_value=lambda key: "default")
+    manager._handle_abort_req = types.MethodType(TokenizerManager._handle_abort_req, manager)
+    manager._release_lora_once = types.MethodType(TokenizerManager._release_lora_once, manager)
+    states = {}
+    for rid, stream in (("plain", False), ("streamed", True)):
+        obj = GenerateReqInput(input_ids=[5, 6, 7], rid=rid, stream=stream)
+        states[rid] = manager.rid_to_state[rid] = ReqState([], False, asyncio.Event(), obj, APIServerReqTimeStats())
+    called = []
+    around_force_exit_handler(lambda m: called.append(m is manager), manager)
+    return {"original_called": called, "in_flight_after": sorted(manager.rid_to_state),
+            "answers": {rid: {"woken": state.event.is_set(), "finished": state.finished,
+                              "finish_reason": state.out_list[-1]["meta_info"]["finish_reason"] if state.out_list
+                              else None} for rid, state in states.items()},
+            "message": FORCE_EXIT_MESSAGE}
+
+
+def prefill_stop() -> dict:
+    """prefill_stop.py's step hook over SGLang's KVPoll and FINISH_ABORT, with stand-in scheduler and request
+    objects: which chunked requests it hands to SGLang's chunked-abort path, with what reason."""
+    import types
+
+    from sglang_asym.sglang_plugin import cpu_import_gaps
+    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_asym.sglang_plugin.prefill_stop import around_next_prefill_batch
+
+    def step(poll, pending_bootstrap=False, already_pending=None, with_sender=True) -> dict:
+        sender = types.SimpleNamespace(poll=lambda: poll) if with_sender else None
+        req = types.SimpleNamespace(disagg_kv_sender=sender, pending_bootstrap=pending_bootstrap, bootstrap_room=7,
+                                    rid="r", prefix_len=256, origin_input_ids=[0] * 572, discard_output_reason=None)
+        scheduler = types.SimpleNamespace(chunked_req=req, _pending_chunked_abort_req=already_pending)
+        seen = []
+        result = around_next_prefill_batch(lambda s, *a: seen.append(s._pending_chunked_abort_req) or "plan",
+                                           scheduler, "running", None)
+        reason = req.discard_output_reason
+        return {"result": result, "pending_is_req_at_original": seen == [req],
+                "reason": reason and {"message": reason.message, "status_code": int(reason.status_code)}}
+
+    return {"failed": step(KVPoll.Failed), "transferring": step(KVPoll.Transferring),
+            "waiting": step(KVPoll.WaitingForInput), "failed_but_bootstrapping": step(KVPoll.Failed, True),
+            "failed_other_pending": step(KVPoll.Failed, already_pending=object()),
+            "no_sender": step(KVPoll.Failed, with_sender=False)}
+
+
 CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload, "bootstrap": bootstrap,
-          "intake": intake, "asym_hooks": asym_hooks}
+          "intake": intake, "asym_hooks": asym_hooks, "force_exit": force_exit,
+          "prefill_stop": prefill_stop}
 
 if __name__ == "__main__":
     report = CHECKS[sys.argv[1]](*sys.argv[2:])

@@ -23,6 +23,10 @@ EXPECTED_SIGNATURES = {
     f"{PREFILL}.PrefillBootstrapQueue.can_prefill_before_bootstrap": ["self", "req"],
     f"{PREFILL}.PrefillBootstrapQueue.pop_bootstrapped": ["self"],
     f"{PREFILL}.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue": ["self", "rids_to_check"],
+    f"{PREFILL}.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run":
+        ["self", "running_batch", "last_batch", "should_retry_storage_prefetch"],
+    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": ["self"],
+    "sglang.srt.disaggregation.common.conn.CommonKVSender.poll": ["self"],
     f"{DECODE}.DecodePreallocQueue._swa_tail_len": ["self", "seq_len"],
     f"{DECODE}.DecodePreallocQueue._send_kv_metadata":
         ["self", "decode_req", "kv_indices", "page_size", "state_indices", "metadata_kwargs"],
@@ -58,6 +62,8 @@ EXPECTED_SIGNATURES = {
         ["self", "targets", "bootstrap_room", "status", "failure_reason"],
     # drain.py's hook in an asymmetric server's launcher process
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": ["self", "obj", "request"],
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler": ["self"],
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_req": ["self", "recv_obj"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.abort": ["self"],
     "sglang.srt.disaggregation.common.conn.CommonKVManager._room_notify_targets": ["self", "bootstrap_room"],
     # deterministic.py's scheduler patches (SGLang's --enable-deterministic-inference on CPU)
@@ -87,3 +93,34 @@ def test_every_relied_on_line_is_still_there(report):
 def test_an_asymmetric_scheduler_applies_every_hook(report):
     assert report["applied"] == sorted(t for t, _, _ in hooks.scheduler_hook_table())
     assert report["state_types"] == ["SWA", "DSV4_REQUEST_STATE"]
+
+
+def test_a_forced_exit_answers_every_request_in_flight_with_a_503_abort():
+    """drain.py: SIGTERM while SGLang counts the server unhealthy skips the drain; every request still in
+    flight is finished through SGLang's own abort handler with a 503 that says why, so its handler returns."""
+    done = run_python([str(REPO / "test/sglang_plugin/sglang_cpu_checks.py"), "force_exit"], timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    report = json.loads(lines[0].removeprefix("REPORT "))
+    reason = {"type": "abort", "message": report["message"], "status_code": 503}
+    assert report["original_called"] == [True] and report["in_flight_after"] == []
+    assert report["answers"] == {rid: {"woken": True, "finished": True, "finish_reason": reason}
+                                 for rid in ("plain", "streamed")}
+    assert "SIGTERM" in report["message"]
+
+
+def test_a_chunked_prompt_whose_room_failed_goes_to_sglangs_chunked_abort():
+    """prefill_stop.py: before P's scheduling step, a request in chunked prefill whose KV sender polls Failed
+    becomes SGLang's pending chunked abort (finished with a 500 that says why); nothing else does."""
+    done = run_python([str(REPO / "test/sglang_plugin/sglang_cpu_checks.py"), "prefill_stop"], timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    report = json.loads(lines[0].removeprefix("REPORT "))
+    from sglang_asym.sglang_plugin.prefill_stop import ROOM_FAILED_MESSAGE
+
+    untouched = {"result": "plan", "pending_is_req_at_original": False, "reason": None}
+    assert report == {
+        "failed": {"result": "plan", "pending_is_req_at_original": True,
+                   "reason": {"message": ROOM_FAILED_MESSAGE, "status_code": 500}},
+        "transferring": untouched, "waiting": untouched, "failed_but_bootstrapping": untouched,
+        "failed_other_pending": untouched, "no_sender": untouched}

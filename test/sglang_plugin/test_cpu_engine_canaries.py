@@ -35,6 +35,8 @@ EXPECTED_TARGETS = {
         {"params": ["head_size", "rotary_dim", "max_position", "base", "is_neox_style", "rope_scaling", "dtype",
                     "partial_rotary_factor", "device"]},
     "sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM._prewarm_mhc_kernels": {"params": ["self"]},
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk":
+        {"params": ["self", "req", "allow_send"]},
 }
 
 

@@ -8,7 +8,12 @@ D's handshake, D waits WAITING_TIMEOUT_S for P's rows, D probes P's bootstrap se
 In each scenario the client gets an HTTP error status, an SSE error event, an abort finish, or its whole
 answer within the bound stated; the surviving worker keeps serving; SGLang's own used-token counters of
 both workers return to 0; the next request through the router is served. Measured times go to
-$SGLANG_ASYM_RELIABILITY_OUT (faults.record)."""
+$SGLANG_ASYM_RELIABILITY_OUT (faults.record).
+
+A kill or a freeze strikes a worker's whole process group (SGLang's launcher with the HTTP server and
+bootstrap server, its scheduler and detokenizer: a machine that dies or stalls); SIGTERM goes to the
+launcher, as a service manager sends it. Long prompts are P_CHUNK-token chunks on P, so a fault can strike
+between two chunks P has shipped ("mid-transfer")."""
 
 from __future__ import annotations
 
@@ -23,13 +28,20 @@ import pytest
 
 from sglang_asym.runtime.router_launch import RouterFlavor, RouterProcess, WorkerHealth
 from sglang_asym.runtime.server_process import ServerProcess, post, wait_healthy
+from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.split import SplitPlan
 
-from .faults import first_event, open_stream, read_stream, record
+from . import faults
+from .faults import first_event, open_stream, read_stream
 from .helpers import serving
-from .sglang_servers import patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint
+from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint
 from .test_fault_recovery import abort, health_generate, send_stream
 
 pytestmark = pytest.mark.timeout(600)
+
+# the router in front: sglang-router in the suite; SGLANG_ASYM_FAULT_ROUTER=smg runs every scenario behind smg
+# (recorded under the scenario's name with "_smg" appended)
+ROUTER = RouterFlavor(os.environ.get("SGLANG_ASYM_FAULT_ROUTER", RouterFlavor.SGLANG_ROUTER.value))
 
 BOOTSTRAP_TIMEOUT_S = 10
 WAITING_TIMEOUT_S = 20
@@ -44,11 +56,19 @@ SETTLE_S = 60.0  # used tokens back at 0 this long after the fault ends at most
 ABORT_END_S = 10.0  # an aborted stream ends this long after /abort_request at most
 STREAM_END_S = 10.0  # a stream whose D was killed ends this long after the kill at most
 DEAD_ANSWER_S = BOOTSTRAP_TIMEOUT_S + 10.0  # a request while a worker is dead is answered with an error by then
-RESTART_SERVE_S = 10.0  # from a restarted worker healthy to the first request served through the router
+RESTART_SERVE_S = 10.0  # from a restarted worker healthy to sending the first request served through the router
 FROZEN_S = BOOTSTRAP_TIMEOUT_S + 3.0  # how long D stays stopped: past P's wait for its handshake
 THAWED_ANSWER_S = 10.0  # after SIGCONT, the request sent while D was frozen is answered (an error) by then
 DRAIN_EXIT_S = 30.0  # D exits this long after SIGTERM at most (its running stream finishes first)
 D_MAX_RUNNING = 2  # D runs this many requests at once; more wait in its queue
+P_CHUNK = 256  # P computes and ships a long prefix in chunks of this many tokens: "mid-transfer" is between two
+IN_TRANSFER_N = 700  # a prompt P is still computing and shipping when a fault strikes (3 chunks of its 572-token prefix)
+WINDOW = 128
+PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"  # P's exact-payload counter (exact_payload.py)
+FROZEN_P_S = WAITING_TIMEOUT_S + 3.0  # how long P stays stopped: past D's wait for its rows
+FROZEN_ANSWER_S = 10.0  # requests stuck on a frozen P are answered (an error) this long after the freeze at most:
+# D's heartbeat to P's bootstrap server fails twice at 1 s intervals and D fails the rooms waiting on P
+DRAIN_P_EXIT_S = 60.0  # P exits this long after SIGTERM at most (its running prefix is computed and shipped first)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +86,8 @@ class EnginePair:
         self.router: RouterProcess | None = None
 
     def _start(self, mode: str, old: ServerProcess | None = None) -> ServerProcess:
-        extra = ("--max-running-requests", str(D_MAX_RUNNING)) if mode == "asym-decode" else ()
+        extra = (("--max-running-requests", str(D_MAX_RUNNING)) if mode == "asym-decode"
+                 else ("--chunked-prefill-size", str(P_CHUNK)))
         return sglang_server(mode, self.checkpoint, self.logs, *FLAGS, *extra, env=FAULT_ENV, port=old and old.port,
                              bootstrap_port=old and old.bootstrap_port)
 
@@ -84,7 +105,7 @@ class EnginePair:
 def engine(checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
     pair = EnginePair(checkpoint, tmp_path_factory.mktemp("sglang_faults"))
     with serving({"prefill": pair.prefill, "decode": pair.decode}, timeout_s=300), \
-            patient_router(pair.prefill, pair.decode, RouterFlavor.SGLANG_ROUTER, HEALTH,
+            patient_router(pair.prefill, pair.decode, ROUTER, HEALTH,
                            pair.logs / "router.log") as router:
         pair.router = router
         warm_gauges(pair)
@@ -94,6 +115,11 @@ def engine(checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
         finally:
             for server in (pair.prefill, pair.decode):  # the restarted ones (serving() stops the first two)
                 server.stop()
+
+
+def record(scenario: str, **facts) -> None:
+    suffix = "" if ROUTER is RouterFlavor.SGLANG_ROUTER else f"_{ROUTER.value}"
+    faults.record(scenario + suffix, router=ROUTER.value, **facts)
 
 
 def warm_gauges(engine: EnginePair) -> None:
@@ -129,6 +155,28 @@ def answers_while_dead(engine: EnginePair, lengths: tuple[int, ...]) -> list[tup
     return answers
 
 
+def timed_post(url: str, body: dict, timeout_s: float) -> tuple[int, dict, float]:
+    """post() that also says when the answer came (time.monotonic())."""
+    status, answer = post(url, body, timeout_s)
+    return status, answer, time.monotonic()
+
+
+def payload_bytes(prefill: ServerProcess) -> float:
+    return metric_sum(prefill, PAYLOAD_BYTES) or 0.0
+
+
+def wait_mid_transfer(engine: EnginePair, shipped_before: float, request: concurrent.futures.Future) -> float:
+    """Wait until P has written part of a long prompt's rows into D's pool (its payload counter moved) while
+    the request is still open; the bytes shipped so far, fewer than the request's whole manifest."""
+    whole = SplitPlan(sglang_small(), IN_TRANSFER_N, WINDOW, FLAGS[1]).manifest("release").total_bytes
+    deadline = time.monotonic() + 120
+    while (shipped := payload_bytes(engine.prefill) - shipped_before) == 0:
+        assert time.monotonic() < deadline and not request.done(), "P shipped nothing of the long prompt"
+        time.sleep(0.05)
+    assert 0 < shipped < whole and not request.done(), (shipped, whole)
+    return shipped
+
+
 def settled(engine: EnginePair) -> float:
     """Seconds until both workers' used tokens are 0 (AssertionError naming them after SETTLE_S)."""
     started = time.monotonic()
@@ -138,11 +186,16 @@ def settled(engine: EnginePair) -> float:
 
 
 def serves_again(engine: EnginePair) -> float:
+    """Seconds from the restarted worker healthy to sending the first request the router gets served (its
+    own compute, seconds on two shared cores, is not counted)."""
     healthy = time.monotonic()
-    while not served(engine):
+    while True:
+        sent = time.monotonic()
+        if served(engine):
+            break
         assert time.monotonic() - healthy < RESTART_SERVE_S, "the restarted worker is not served through the router"
         time.sleep(0.3)
-    again_s = round(time.monotonic() - healthy, 3)
+    again_s = round(sent - healthy, 3)
     warm_gauges(engine)
     return again_s
 
@@ -173,15 +226,27 @@ def test_abort_request_on_both_workers_ends_the_stream(engine):
            tokens_before_abort=last["completion_tokens"], used_tokens_zero_after_s=back_s)
 
 
-def test_killed_decode_mid_stream_then_restarted_on_its_port(engine):
+def test_killed_decode_mid_stream_and_mid_transfer_then_restarted_on_its_port(engine):
+    """kill -9 D with one stream decoding on it and a long prompt whose rows P is part way through writing
+    into D's pool: the stream ends with an error, the long request gets an HTTP error, P stays healthy and
+    frees everything; D restarted on its port serves again."""
     conn, resp = open_stream(engine.router.url, stream_body(300, 200, "kill-d"), 120)
     events = first_event(resp)
-    killed = time.monotonic()
-    os.kill(engine.decode.proc.pid, signal.SIGKILL)
-    end = read_stream(resp, killed, events)
-    conn.close()
+    shipped_before = payload_bytes(engine.prefill)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        in_transfer = pool.submit(timed_post, engine.router.url + "/generate", small(IN_TRANSFER_N), 120)
+        shipped = wait_mid_transfer(engine, shipped_before, in_transfer)
+        killed = time.monotonic()
+        os.killpg(engine.decode.proc.pid, signal.SIGKILL)
+        end = read_stream(resp, killed, events)
+        conn.close()
+        status, body, answered = in_transfer.result(timeout=DEAD_ANSWER_S + 30)
     engine.decode.proc.wait(10)
-    assert not end.done and end.error and end.seconds < STREAM_END_S, end
+    # an error, never a fake finish: sglang-router closes the stream without [DONE], smg sends an SSE error
+    # event and then [DONE]
+    assert end.error and end.seconds < STREAM_END_S, end
+    assert all(e.get("meta_info", {}).get("finish_reason") is None for e in end.events), end
+    assert status >= 500 and "error" in str(body) and answered - killed < DEAD_ANSWER_S, (status, body)
     dead = answers_while_dead(engine, (200, 201))
     assert health_generate(engine.prefill.url) == 200
     p_back = settle([engine.prefill], SETTLE_S)
@@ -189,18 +254,32 @@ def test_killed_decode_mid_stream_then_restarted_on_its_port(engine):
     startup_s = engine.restart("decode")
     again_s = serves_again(engine)
     back_s = settled(engine)
-    record("engine_kill9_decode_mid_stream_then_restart", stream_end_bound_s=STREAM_END_S,
-           stream_end_s=round(end.seconds, 3), dead_bound_s=DEAD_ANSWER_S, requests_while_dead=dead,
+    record("engine_kill9_decode_mid_stream_and_mid_transfer_then_restart", stream_end_bound_s=STREAM_END_S,
+           stream_end_s=round(end.seconds, 3), stream_error=str(end.error)[:160], in_transfer_prompt_tokens=IN_TRANSFER_N,
+           in_transfer_bytes_shipped_at_kill=int(shipped), in_transfer_status=status,
+           in_transfer_error=str(body)[:200], in_transfer_answered_after_kill_s=round(answered - killed, 3),
+           dead_bound_s=DEAD_ANSWER_S, requests_while_dead=dead,
            decode_startup_s=round(startup_s, 3), serve_again_bound_after_healthy_s=RESTART_SERVE_S,
            serve_again_after_healthy_s=again_s, used_tokens_zero_after_s=back_s)
 
 
-def test_killed_prefill_leaves_the_decoding_stream_whole_then_restarted_on_its_ports(engine):
+def test_killed_prefill_with_requests_in_flight_then_restarted_on_its_ports(engine):
+    """kill -9 P with a stream decoding on D (P's part done) and two long prompts P is computing and
+    shipping: the stream finishes whole on D, the two get HTTP errors, D stays healthy and frees their
+    slots; P restarted on its ports serves again."""
     conn, resp = open_stream(engine.router.url, stream_body(300, 60, "kill-p"), 120)
     events = first_event(resp)
-    killed = time.monotonic()
-    os.kill(engine.prefill.proc.pid, signal.SIGKILL)
+    shipped_before = payload_bytes(engine.prefill)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        in_flight = [pool.submit(timed_post, engine.router.url + "/generate", small(IN_TRANSFER_N + i), 120)
+                     for i in range(2)]
+        wait_mid_transfer(engine, shipped_before, in_flight[0])
+        killed = time.monotonic()
+        os.killpg(engine.prefill.proc.pid, signal.SIGKILL)
+        answers = [f.result(timeout=DEAD_ANSWER_S + 30) for f in in_flight]
     engine.prefill.proc.wait(10)
+    for status, body, answered in answers:
+        assert status >= 500 and "error" in str(body) and answered - killed < DEAD_ANSWER_S, (status, body)
     dead = answers_while_dead(engine, (202, 203))
     end = read_stream(resp, killed, events)
     conn.close()
@@ -211,10 +290,77 @@ def test_killed_prefill_leaves_the_decoding_stream_whole_then_restarted_on_its_p
     startup_s = engine.restart("prefill")
     again_s = serves_again(engine)
     back_s = settled(engine)
-    record("engine_kill9_prefill_then_restart", stream_on_decode_finished_s=round(end.seconds, 3),
+    record("engine_kill9_prefill_with_requests_in_flight_then_restart",
+           stream_on_decode_finished_s=round(end.seconds, 3), in_flight_bound_s=DEAD_ANSWER_S,
+           in_flight=[{"status": status, "error": str(body)[:160], "answered_after_kill_s": round(t - killed, 3)}
+                      for status, body, t in answers],
            dead_bound_s=DEAD_ANSWER_S, requests_while_dead=dead, prefill_startup_s=round(startup_s, 3),
            serve_again_bound_after_healthy_s=RESTART_SERVE_S, serve_again_after_healthy_s=again_s,
            used_tokens_zero_after_s=back_s)
+
+
+def test_frozen_prefill_past_the_transfer_timeout(engine):
+    """SIGSTOP P part way through shipping a long prompt, with a second request arriving, for longer than D
+    waits for P's rows, then SIGCONT: D keeps serving meanwhile, both requests end with an HTTP error, the
+    resumed P gives its rooms up, both workers' used tokens return to 0 and the next request is served."""
+    shipped_before = payload_bytes(engine.prefill)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        long_one = pool.submit(timed_post, engine.router.url + "/generate", small(IN_TRANSFER_N), 120)
+        wait_mid_transfer(engine, shipped_before, long_one)
+        os.killpg(engine.prefill.proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            arriving = pool.submit(timed_post, engine.router.url + "/generate", small(206), 120)
+            assert health_generate(engine.decode.url) == 200  # D serves while P is frozen
+            time.sleep(max(0.0, FROZEN_P_S - (time.monotonic() - frozen)))
+        finally:
+            os.killpg(engine.prefill.proc.pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        answers = [f.result(timeout=THAWED_ANSWER_S + 60) for f in (long_one, arriving)]
+    for status, body, answered in answers:
+        assert status >= 500 and "error" in str(body), (status, body)
+        assert answered - thawed < THAWED_ANSWER_S, (answered - thawed, status, body)
+    back_s = settled(engine)
+    assert served(engine)
+    record("engine_sigstop_prefill_past_transfer_timeout", frozen_s=FROZEN_P_S, waiting_timeout_s=WAITING_TIMEOUT_S,
+           bound_after_sigcont_s=THAWED_ANSWER_S,
+           requests=[{"status": status, "error": str(body)[:160], "answered_after_freeze_s": round(t - frozen, 3),
+                      "answered_after_sigcont_s": round(t - thawed, 3)} for status, body, t in answers],
+           used_tokens_zero_after_s=back_s)
+
+
+def test_sigterm_drains_prefill(engine):
+    """SIGTERM P part way through shipping a long prompt: that request is answered whole (or with a clear
+    error if SGLang forces the exit, drain.py), a new request fails clearly, P exits; P restarted on its
+    ports serves again."""
+    shipped_before = payload_bytes(engine.prefill)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(timed_post, engine.router.url + "/generate", small(IN_TRANSFER_N), 300)
+        wait_mid_transfer(engine, shipped_before, running)
+        term = time.monotonic()
+        os.kill(engine.prefill.proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        status, body = post(engine.router.url + "/generate", small(207), 120)
+        refused_s = time.monotonic() - term
+        run_status, run_body, run_answered = running.result(timeout=DRAIN_P_EXIT_S + 60)
+    exit_code = engine.prefill.proc.wait(DRAIN_P_EXIT_S)
+    exited_s = time.monotonic() - term
+    assert status >= 500 and "error" in str(body) and refused_s < DEAD_ANSWER_S, (status, body)
+    # drained: answered whole. Or, when SGLang counted P unhealthy at the SIGTERM (a health request unanswered
+    # for 20 s while P computes the prompt's chunks on 2 shared cores), forced out: a 503 that says so
+    whole = run_status == 200 and run_body["meta_info"]["completion_tokens"] == 4
+    forced = run_status >= 500 and "error" in str(run_body)
+    assert whole or forced, (run_status, run_body)
+    d_back = settle([engine.decode], SETTLE_S)
+    assert d_back == [0], d_back
+    startup_s = engine.restart("prefill")
+    again_s = serves_again(engine)
+    back_s = settled(engine)
+    record("engine_sigterm_drain_prefill", new_request_status=status, new_request_error=str(body)[:200],
+           new_request_failed_after_s=round(refused_s, 3), in_flight_answered_after_s=round(run_answered - term, 3),
+           in_flight_outcome="drained, answered whole" if whole else f"forced exit: {run_status} {str(run_body)[:160]}",
+           exit_code=exit_code, exited_after_s=round(exited_s, 3), prefill_startup_s=round(startup_s, 3),
+           serve_again_after_healthy_s=again_s, used_tokens_zero_after_s=back_s)
 
 
 def test_clients_gone_before_the_first_token_free_both_workers(engine):
@@ -235,19 +381,19 @@ def test_frozen_decode_past_the_transfer_timeout(engine):
     then SIGCONT: P stays healthy meanwhile, the new request fails clearly, the running stream finishes."""
     conn, resp = open_stream(engine.router.url, stream_body(300, 60, "frozen-d"), 120)
     events = first_event(resp)
-    os.kill(engine.decode.proc.pid, signal.SIGSTOP)
+    os.killpg(engine.decode.proc.pid, signal.SIGSTOP)
     frozen = time.monotonic()
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             arriving = pool.submit(post, engine.router.url + "/generate", small(204), 120)
             assert health_generate(engine.prefill.url) == 200  # P serves while D is frozen
             time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen)))
-            os.kill(engine.decode.proc.pid, signal.SIGCONT)
+            os.killpg(engine.decode.proc.pid, signal.SIGCONT)
             thawed = time.monotonic()
             status, body = arriving.result(timeout=THAWED_ANSWER_S + 30)
             answered_after_thaw = time.monotonic() - thawed
     finally:
-        os.kill(engine.decode.proc.pid, signal.SIGCONT)
+        os.killpg(engine.decode.proc.pid, signal.SIGCONT)
     end = read_stream(resp, thawed, events)
     conn.close()
     assert status >= 500 and "error" in str(body), (status, body)

@@ -32,6 +32,11 @@ Scheduler:
                         branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none
                         (the model's rope objects are built, never run: the reference forward ropes)
   DeepseekV4ForCausalLM._prewarm_mhc_kernels     REPLACE  no JIT prewarm of CUDA mHC kernels
+  SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk  AROUND  P's early send of a chunked
+                        prompt's computed prefix without a torch.cuda.Event (it raised on CPU, and P's
+                        scheduler died at the second chunk of every prompt longer than --chunked-prefill-size):
+                        the CPU forward is synchronous, so the previous chunk's rows are written before the
+                        next step starts and there is nothing to wait for
 """
 
 from __future__ import annotations
@@ -151,6 +156,26 @@ def no_mhc_prewarm(model: Any) -> None:
     return None
 
 
+class _SchedulerWithoutOverlap:
+    """A scheduler seen with `enable_overlap` False (every other attribute is the scheduler's own)."""
+
+    enable_overlap = False
+
+    def __init__(self, scheduler: Any) -> None:
+        object.__setattr__(self, "_scheduler", scheduler)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._scheduler, name, value)
+
+
+def around_send_cached_prefix_chunk(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    # under overlap SGLang records a CUDA event for the transfer worker to wait on the previous forward's writes
+    return original(_SchedulerWithoutOverlap(scheduler), *args, **kwargs)
+
+
 CPU_PATCHES: tuple[CpuPatch, ...] = (
     CpuPatch("sglang.srt.entrypoints.openai.chat_encoding.resolve_chat_encoding_spec", "AROUND",
              around_resolve_chat_encoding_spec, "generated checkpoints chat with their own template", LAUNCHER),
@@ -176,6 +201,8 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
              "the generic rope on CPU"),
     CpuPatch("sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM._prewarm_mhc_kernels", "REPLACE",
              no_mhc_prewarm, "no CUDA mHC prewarm"),
+    CpuPatch("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk",
+             "AROUND", around_send_cached_prefix_chunk, "P's early prefix send without a CUDA event"),
 )
 
 

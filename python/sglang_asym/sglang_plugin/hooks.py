@@ -32,6 +32,9 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
   SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
                             AROUND  asym-prefill: a zero-compute request concludes its room with one
                                     empty send and no forward (prefill_zero.py)
+  SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run
+                            AROUND  asym-prefill: a prompt in chunked prefill whose room failed goes
+                                    to SGLang's chunked-abort path before its next chunk (prefill_stop.py)
   disaggregation.decode: DecodePreallocQueue._swa_tail_len, ._send_kv_metadata,
   DecodeTransferQueue._commit_transfer_to_req,
   SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run, ._get_new_prebuilt_batch
@@ -53,7 +56,7 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import asym_decode, cpu_handover, cpu_import_gaps, exact_payload, prefill_zero
+from . import asym_decode, cpu_handover, cpu_import_gaps, exact_payload, prefill_stop, prefill_zero
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
@@ -78,6 +81,8 @@ PREFILL_EARLY = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_pre
 PREFILL_POP_BOOTSTRAPPED = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped"
 PREFILL_INFLIGHT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
                     "process_disagg_prefill_inflight_queue")
+PREFILL_NEXT_BATCH = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+                      "get_next_disagg_prefill_batch_to_run")
 DECODE = "sglang.srt.disaggregation.decode"
 DECODE_SWA_TAIL = f"{DECODE}.DecodePreallocQueue._swa_tail_len"
 DECODE_SEND_METADATA = f"{DECODE}.DecodePreallocQueue._send_kv_metadata"
@@ -234,6 +239,7 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
         (PREFILL_EARLY, prefill_zero.around_can_prefill_before_bootstrap, "AROUND"),
         (PREFILL_POP_BOOTSTRAPPED, prefill_zero.around_pop_bootstrapped, "AROUND"),
         (PREFILL_INFLIGHT, prefill_zero.around_process_inflight, "AROUND"),
+        (PREFILL_NEXT_BATCH, prefill_stop.around_next_prefill_batch, "AROUND"),
         (DECODE_SWA_TAIL, asym_decode.around_swa_tail_len, "AROUND"),
         (DECODE_SEND_METADATA, asym_decode.around_send_kv_metadata, "AROUND"),
         (DECODE_COMMIT, asym_decode.around_commit_transfer_to_req, "AROUND"),
