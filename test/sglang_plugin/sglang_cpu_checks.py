@@ -783,7 +783,9 @@ def weights(checkpoint: str) -> dict:
         model_config, load_config = ModelConfig(checkpoint), LoadConfig()
         quant_config = loader._get_quantization_config(model_config, load_config)
         default_loader = loader.DefaultModelLoader(load_config)
-        with torch.device("cpu"):
+        # as DefaultModelLoader.load_model builds it in a server: under the model's dtype, so parameters that
+        # take the default dtype (the LM head among them) hold what the server's hold
+        with loader.set_default_torch_dtype(model_config.dtype), torch.device("cpu"):
             sglang_model = loader._initialize_model(model_config, load_config, quant_config)
         default_loader.load_weights_only(sglang_model, default_loader._get_all_weights(model_config, sglang_model),
                                          torch.device("cpu"))
