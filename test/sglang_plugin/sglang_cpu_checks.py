@@ -856,7 +856,25 @@ ASYM_RELIED_ON = {
         "window_start = max(0, seq_len - window_size)", "return seq_len - window_start"],
     "sglang.srt.disaggregation.decode.alloc_for_decode_prealloc": [
         "swa_evicted_seqlen = fill_len - swa_tail_len"],
+    # transfer_fallback.py: the failures it recomputes, how SGLang streams their aborts, where it holds pages
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue._update_handshake_waiters": [
+        'error_message = f"Decode handshake failed for request'],
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred": [
+        'f"Decode transfer failed for request rank', "self.scheduler.output_streamer.stream_output(",
+        "self._defer_release(decode_req)"],
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue._defer_release": ["self._deferred_releases.append("],
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.parse_kv_status_message": [
+        'msg[3].decode("utf-8", errors="replace")'],
+    "sglang.srt.disaggregation.common.conn.CommonKVManager._encode_kv_status_message": [
+        "if self.kv_status_msg_carries_reason:"],
+    "sglang.srt.managers.scheduler.Scheduler.abort_request": [
+        "for decode_req in self.disagg_decode_prealloc_queue.queue:",
+        "for decode_req in self.disagg_decode_transfer_queue.queue:",
+        "if recv_req.abort_all or decode_req.req.rid.startswith(recv_req.rid):"],
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue._create_receiver_and_enqueue": [
+        "TransferBackend.FAKE if _is_fake_transfer(req) else self.transfer_backend"],
     "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated": [
+        "self.scheduler.output_streamer.stream_output(",
         "window_start = max(total_prefix_len, seq_len - window_size)",
         "self._send_kv_metadata(", "StateType.SWA: _swa_payload,",
         "StateType.DSV4_REQUEST_STATE: _request_state_payload,"],
@@ -919,6 +937,8 @@ ASYM_RELIED_ON = {
 }
 ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue.add",
+    "sglang.srt.managers.schedule_batch.Req.detach_kv",
     "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap",
     "sglang.srt.disaggregation.prefill.maybe_release_metadata_buffer",
     "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf",

@@ -1,9 +1,10 @@
 """Canaries of the asymmetric modes inside SGLang's engine: every scheduler hook target and every piece of
 SGLang 0.5.23 code the hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
-decode_destinations.py, room_lifecycle.py, drain.py), exactly as pinned, checked in a fresh process with
-the CPU import stand-ins; and an asymmetric scheduler's publish applies every hook."""
+decode_destinations.py, room_lifecycle.py, drain.py, transfer_fallback.py), exactly as pinned, checked in a
+fresh process with the CPU import stand-ins; and an asymmetric scheduler's publish applies every hook."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,12 @@ EXPECTED_SIGNATURES = {
     f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req": ["self", "decode_req"],
     f"{DECODE}.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": ["self", "running_batch"],
     f"{DECODE}.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch": ["self", "running_batch"],
+    f"{DECODE}.DecodePreallocQueue.pop_preallocated": ["self", "rids_to_check", "pp_good_rids", "pp_bad_rids"],
+    f"{DECODE}.DecodeTransferQueue.pop_transferred": ["self", "rids_to_check"],
+    "sglang.srt.managers.scheduler.Scheduler.abort_request": ["self", "recv_req"],
+    # transfer_fallback.py: what a recomputed request goes through again
+    f"{DECODE}.DecodePreallocQueue.add": ["self", "req", "is_retracted", "is_rebootstrap"],
+    "sglang.srt.managers.schedule_batch.Req.detach_kv": ["self"],
     f"{PREFILL}.maybe_release_metadata_buffer": ["req", "allocator"],
     "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf": ["self", "req"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.send":
@@ -124,3 +131,21 @@ def test_a_chunked_prompt_whose_room_failed_goes_to_sglangs_chunked_abort():
                    "reason": {"message": ROOM_FAILED_MESSAGE, "status_code": 500}},
         "transferring": untouched, "waiting": untouched, "failed_but_bootstrapping": untouched,
         "failed_other_pending": untouched, "no_sender": untouched}
+
+
+def test_the_fallback_reads_sglangs_own_failure_words():
+    """transfer_fallback.py recognises a failed handshake or transfer by the words SGLang's decode queues put
+    in the abort (read from the pinned SGLang's source), and an abort on P alone by the words
+    room_lifecycle.py sends D."""
+    import importlib.util
+    import inspect
+
+    from sglang_asym.sglang_plugin import room_lifecycle, transfer_fallback
+
+    decode = (Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt" / "disaggregation"
+              / "decode.py").read_text()
+    assert transfer_fallback.FAILURE_PREFIXES == ("Decode handshake failed", "Decode transfer failed")
+    for prefix in transfer_fallback.FAILURE_PREFIXES:
+        assert decode.count(f'f"{prefix} for request rank') == 1, prefix
+    source = inspect.getsource(room_lifecycle.RoomLifecycleSender.abort)
+    assert "PREFILL_ABORT_WORDS" in source and transfer_fallback.PREFILL_ABORT_WORDS == "aborted on the prefill worker"

@@ -65,7 +65,10 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
         "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req",
         "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
-        "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch"]
+        "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
+        "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
+        "sglang.srt.managers.scheduler.Scheduler.abort_request"]
 
 
 def test_every_hook_target_resolves():

@@ -141,3 +141,21 @@ def test_decode_step_flags(server_parser, v41_checkpoint):
                   "--asym-token-budget", "0") == "--asym-token-budget must be a positive integer, got 0"
     assert _error(server_parser, "--model-path", ck, "--asym-token-budget", "64") == (
         "--asym-token-budget applies only with --disaggregation-mode asym-prefill or asym-decode (got 'null')")
+
+
+def test_transfer_fallback_flag(server_parser, v41_checkpoint):
+    ck = str(v41_checkpoint)
+    decode = ("--model-path", ck, "--disaggregation-mode", "asym-decode")
+    settings = translate(parse(server_parser, *decode, "--asym-transfer-fallback", "recompute"))
+    assert settings == AsymSettings("asym-decode", transfer_fallback="recompute")
+    assert settings.recomputes_failed_transfers
+    assert not translate(parse(server_parser, *decode)).recomputes_failed_transfers  # off by default
+    assert _error(server_parser, "--model-path", ck, "--disaggregation-mode", "asym-prefill",
+                  "--asym-transfer-fallback", "recompute") == (
+        "--asym-transfer-fallback 'recompute' applies to asym-decode only: the prefill role holds no decoder layers")
+    assert _error(server_parser, "--model-path", ck, "--disaggregation-mode", "decode",
+                  "--asym-transfer-fallback", "off") == (
+        "--asym-transfer-fallback applies only with --disaggregation-mode asym-prefill or asym-decode "
+        "(got 'decode')")
+    with pytest.raises(SystemExit):
+        parse(server_parser, *decode, "--asym-transfer-fallback", "retry")

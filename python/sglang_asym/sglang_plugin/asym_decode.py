@@ -32,6 +32,7 @@ running request is never starved and each step's rows stay within the token budg
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ from ..sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, p
 from .deterministic import deterministic_inference
 from .prefill_cut import PROMPT_LEN_ATTR
 from .settings import AsymSettings, settings_of
+from .transfer_fallback import fallback_of
 from .window_batch import WindowChunk, run_window_chunks
 
 log = logging.getLogger(__name__)
@@ -137,7 +139,8 @@ def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: An
         setattr(req, PROMPT_LEN_ATTR, end)  # the reference forward's floors: those of what P was given
     boundary = boundary_of(end, settings)
     step = getattr(queue.scheduler, STEP_ATTR, 0)
-    setattr(req, WINDOW_ATTR, WindowProgress(boundary, boundary, end, step, replayed_token=replays))
+    first_row = 0 if fallback_of(req) is not None else boundary  # a recompute fallback: D computes [0, B) too
+    setattr(req, WINDOW_ATTR, WindowProgress(boundary, first_row, end, step, replayed_token=replays))
     return result
 
 
@@ -169,6 +172,20 @@ def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
                            deterministic=deterministic)  # whole chunks on the grid from B
 
 
+def recompute_prefix(scheduler: Any, req: Any) -> None:
+    """A recompute fallback's prefix [0, B): one EXTEND of its own, the prefill role's work done by the full
+    model (transfer_fallback.py). It runs outside the step budget, as P's forward would have: one piece
+    without floors, whose rows land where P's payload would have landed."""
+    progress = window_of(req)
+    started = time.perf_counter()
+    run_window_chunks(scheduler, [WindowChunk(req, progress.next_row, progress.boundary)])
+    setattr(req, WINDOW_ATTR, replace(progress, next_row=progress.boundary))
+    fallback = fallback_of(req)
+    log.warning("request %s: recomputed its %d-token prefix on this decode worker in %.3f s (%.3f s after its "
+                "transfer failed)", req.rid, progress.boundary, time.perf_counter() - started,
+                time.perf_counter() - fallback.since if fallback is not None else 0.0)
+
+
 def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> int:
     """Runs at most one window forward for the pending windows in the waiting queue; returns its rows."""
     step = getattr(scheduler, STEP_ATTR, 0)
@@ -177,6 +194,9 @@ def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> i
                      key=lambda req: window_of(req).arrival_step)  # stable: commit order within a step
     if not pending:
         return 0
+    for req in pending:
+        if window_of(req).next_row < window_of(req).boundary:
+            recompute_prefix(scheduler, req)
     running = [RunningRequest(req.rid, 1) for req in running_batch.reqs if not req.finished()]
     config = scheduler_config(scheduler, settings)
     if len(running) >= config.max_running:

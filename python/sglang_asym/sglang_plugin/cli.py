@@ -1,4 +1,4 @@
-"""The command line of an asymmetric SGLang server: two more `--disaggregation-mode` choices, four
+"""The command line of an asymmetric SGLang server: two more `--disaggregation-mode` choices, five
 flags, and their translation to SGLang's own prefill/decode modes.
 
 `extend_parser` runs after `ServerArgs.add_cli_args` (so `--help` lists everything);
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..runtime.engine.options import TRANSFER_FALLBACKS
 from ..sched.config import DEFAULT_WINDOW_CHUNK
 from .settings import (
     ASYM_MODES,
@@ -78,6 +79,13 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         f"runs over several steps beside the decoding ones (default min({DEFAULT_WINDOW_CHUNK}, W); 0: whole "
         "windows).",
     )
+    group.add_argument(
+        "--asym-transfer-fallback",
+        choices=TRANSFER_FALLBACKS,
+        default=None,
+        help="asym-decode: what a request gets when its prefix transfer or handshake fails: 'off' (an "
+        "error, the default) or 'recompute' (this worker computes the prefix with its full model).",
+    )
 
 
 def translate(args: argparse.Namespace) -> AsymSettings | None:
@@ -88,9 +96,11 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
     semantics = getattr(args, "asym_semantics", None)
     budget = getattr(args, "asym_token_budget", None)
     chunk = getattr(args, "asym_window_chunk", None)
+    fallback = getattr(args, "asym_transfer_fallback", None)
     if mode not in ASYM_MODES:
         given = [flag for flag, value in (("--asym-window", window), ("--asym-semantics", semantics),
-                                          ("--asym-token-budget", budget), ("--asym-window-chunk", chunk))
+                                          ("--asym-token-budget", budget), ("--asym-window-chunk", chunk),
+                                          ("--asym-transfer-fallback", fallback))
                  if value is not None]
         if given:
             verb = "apply" if len(given) > 1 else "applies"
@@ -104,9 +114,11 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
     validate_asym_args(args, mode, window, semantics)
     try:
         settings = AsymSettings(mode=mode, window=window, semantics=semantics,
-                                token_budget=DEFAULT_TOKEN_BUDGET if budget is None else budget, window_chunk=chunk)
-    except ValueError as exc:  # a budget or chunk out of range, said in the settings' own words
+                                token_budget=DEFAULT_TOKEN_BUDGET if budget is None else budget, window_chunk=chunk,
+                                transfer_fallback="off" if fallback is None else fallback)
+    except ValueError as exc:  # a value out of range, said in the settings' own words
         raise AsymArgumentError(str(exc).replace("AsymSettings.token_budget", "--asym-token-budget")
-                                .replace("AsymSettings.window_chunk", "--asym-window-chunk")) from None
+                                .replace("AsymSettings.window_chunk", "--asym-window-chunk")
+                                .replace("AsymSettings.transfer_fallback", "--asym-transfer-fallback")) from None
     setattr(args, MODE_DEST, settings.sglang_mode)
     return settings

@@ -41,6 +41,10 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
                             AROUND  asym-decode: SWA slots and destinations for B, P's placeholder
                                     dropped, the window
                                     [B, N) as EXTEND chunks under the budget policy (asym_decode.py)
+  DecodePreallocQueue.pop_preallocated, DecodeTransferQueue.pop_transferred, Scheduler.abort_request
+                            AROUND  asym-decode with --asym-transfer-fallback recompute: a failed
+                                    handshake or transfer is recomputed on D, unless its client aborted
+                                    it (transfer_fallback.py)
 
 `prepare_server_args` is what both `python -m sglang.launch_server` and `sglang serve` call after
 `load_plugins()`; HookRegistry also rebinds the stale `from ... import prepare_server_args` copy
@@ -56,7 +60,7 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import asym_decode, cpu_handover, cpu_import_gaps, exact_payload, prefill_stop, prefill_zero
+from . import asym_decode, cpu_handover, cpu_import_gaps, exact_payload, prefill_stop, prefill_zero, transfer_fallback
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
@@ -89,6 +93,9 @@ DECODE_SEND_METADATA = f"{DECODE}.DecodePreallocQueue._send_kv_metadata"
 DECODE_COMMIT = f"{DECODE}.DecodeTransferQueue._commit_transfer_to_req"
 DECODE_NEXT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run"
 DECODE_PREBUILT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch"
+DECODE_POP_PREALLOCATED = f"{DECODE}.DecodePreallocQueue.pop_preallocated"
+DECODE_POP_TRANSFERRED = f"{DECODE}.DecodeTransferQueue.pop_transferred"
+SCHEDULER_ABORT = "sglang.srt.managers.scheduler.Scheduler.abort_request"
 SCHEDULER_ROLE = "scheduler"
 TOKENIZER_ROLE = "tokenizer"  # the launcher process: HTTP front and tokenizer manager
 MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
@@ -245,6 +252,9 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
         (DECODE_COMMIT, asym_decode.around_commit_transfer_to_req, "AROUND"),
         (DECODE_NEXT_BATCH, asym_decode.around_get_next_decode_batch, "AROUND"),
         (DECODE_PREBUILT_BATCH, asym_decode.around_get_new_prebuilt_batch, "AROUND"),
+        (DECODE_POP_PREALLOCATED, transfer_fallback.around_pop_preallocated, "AROUND"),
+        (DECODE_POP_TRANSFERRED, transfer_fallback.around_pop_transferred, "AROUND"),
+        (SCHEDULER_ABORT, transfer_fallback.around_abort_request, "AROUND"),
     )
 
 

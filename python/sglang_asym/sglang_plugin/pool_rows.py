@@ -134,10 +134,16 @@ class PoolRows:
         return self._codec[GroupKind.SWA].unpack_rows(packed, self.cfg.head_dim).to(dtype)
 
     def write_window(self, layer: int, req: int, start: int, values: torch.Tensor) -> None:
+        """Rows of tokens [start, start + len(values)); a token with no SWA slot is skipped (SGLang maps it to
+        its dummy slot 0: a decode worker's tail-only SWA, below the rows a later query reads)."""
+        tokens = torch.arange(start, start + values.shape[0])
+        mapped = self.pool.translate_loc_from_full_to_swa(self.req_to_token[req, tokens].long()) > 0
+        if not bool(mapped.all()):
+            tokens, values = tokens[mapped], values[mapped]
         if values.shape[0] == 0:
             return
         data, scales = self._swa_parts
-        flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(start, start + values.shape[0]))
+        flat, d_off, s_off = self._swa_offsets(layer, req, tokens)
         self._scatter(flat, d_off, s_off, self._codec[GroupKind.SWA].pack_rows(values.float()), data, scales)
 
     def read_compressed(self, kind: str, owner: int, req: int, end: int, dtype: torch.dtype) -> torch.Tensor:

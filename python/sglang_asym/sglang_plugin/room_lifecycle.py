@@ -31,6 +31,9 @@ before the client hears anything. P now tells that D at once that the room faile
                               handshook already, is told Failed at once (SGLang tells D nothing, and D
                               holds the room's slots for its whole waiting timeout); once rows may be
                               in flight D is left to SGLang (a write could still land in its pages)
+  manager  send_kv_status_message
+                              a Failed status for a room aborted on P carries PREFILL_ABORT_WORDS, which
+                              D's recompute fallback (transfer_fallback.py) reads as "do not recompute"
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+
+from .transfer_fallback import PREFILL_ABORT_WORDS
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +53,34 @@ ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it ga
 class RoomLifecycleManager:
     """Mixin for a CommonKVManager subclass (P side)."""
 
+    # SGLang's Mooncake status frames carry no failure reason (D then says "it might be dead"); its decode
+    # side reads a fourth frame when there is one, so D hears why P failed a room.
+    kv_status_msg_carries_reason = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._live_senders: dict[int, Any] = {}  # room -> its sender not cleared yet (scheduler thread)
         self._concluded_handshakes: dict[int, Any] = {}  # room -> the handshake table its Success ended with
         self._abandoned_rooms: dict[int, float] = {}  # room -> when P failed it without D's handshake
+        self._aborted_rooms: dict[int, float] = {}  # room -> when its request was aborted on P
         super().__init__(*args, **kwargs)
+
+    def note_aborted(self, room: int) -> None:
+        now = time.monotonic()
+        for old in [r for r, at in self._aborted_rooms.items() if now - at > ABANDONED_KEEP_S]:
+            self._aborted_rooms.pop(old, None)
+        self._aborted_rooms[room] = now
+
+    def send_kv_status_message(self, targets: Any, bootstrap_room: int, status: Any, failure_reason: Any = None) -> Any:
+        """A room whose request was aborted on P fails on D in words that say so (SGLang's several paths
+        send it with no reason or another one), so that D's recompute fallback leaves it alone."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if (status == KVPoll.Failed and bootstrap_room in self._aborted_rooms
+                and PREFILL_ABORT_WORDS not in (failure_reason or "")):
+            said = f"sglang-asym: request of room {bootstrap_room} {PREFILL_ABORT_WORDS}"
+            failure_reason = f"{said} ({failure_reason})" if failure_reason else said
+        return super().send_kv_status_message(targets=targets, bootstrap_room=bootstrap_room, status=status,
+                                              failure_reason=failure_reason)
 
     def update_status(self, bootstrap_room: int, status: Any) -> None:
         from sglang.srt.disaggregation.base.conn import KVPoll
@@ -119,6 +147,7 @@ class RoomLifecycleSender:
         self._rows_queued = False
         live = mgr._live_senders
         mgr._abandoned_rooms.pop(bootstrap_room, None)  # a new request of the room: it is not given up
+        mgr._aborted_rooms.pop(bootstrap_room, None)
         previous = live.get(bootstrap_room)
         if previous is not None and (previous.conclude_state is not None or mgr.request_status.get(bootstrap_room)
                                      in (KVPoll.Success, KVPoll.Failed)):
@@ -135,14 +164,15 @@ class RoomLifecycleSender:
     def abort(self) -> None:
         from sglang.srt.disaggregation.base.conn import KVPoll
 
-        super().abort()
         manager, room = self.kv_mgr, self.bootstrap_room
+        manager.note_aborted(room)
+        super().abort()
         targets = manager._room_notify_targets(room) if not self._rows_queued else []
         if targets:
             log.info("room %s: aborted on the prefill worker before any row was queued; told %s", room, targets)
+            # in words a decode worker's recompute fallback knows: it leaves an aborted request alone
             manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
-                                           failure_reason=f"sglang-asym: request of room {room} aborted on the "
-                                                          "prefill worker")
+                                           failure_reason=f"sglang-asym: request of room {room} {PREFILL_ABORT_WORDS}")
 
     def clear(self) -> None:
         from sglang.srt.disaggregation.base.conn import KVPoll

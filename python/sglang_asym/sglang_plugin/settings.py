@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import DEFAULT_WINDOW
+from ..runtime.engine.options import TRANSFER_FALLBACKS
 from ..sched.config import chunk_rows_for
 
 ASYM_PREFILL = "asym-prefill"
@@ -40,6 +41,7 @@ class AsymSettings:
     semantics: str = DEFAULT_SEMANTICS
     token_budget: int = DEFAULT_TOKEN_BUDGET
     window_chunk: int | None = None  # window rows per request and step; see chunk_rows_for
+    transfer_fallback: str = "off"  # asym-decode: "recompute" computes a failed transfer's prefix on D
 
     def __post_init__(self) -> None:
         if self.mode not in ASYM_MODES:
@@ -54,6 +56,12 @@ class AsymSettings:
                                               or not 0 <= self.window_chunk <= self.window):
             raise ValueError(f"AsymSettings.window_chunk must be an integer in [0, window={self.window}], "
                              f"got {self.window_chunk!r}")
+        if self.transfer_fallback not in TRANSFER_FALLBACKS:
+            raise ValueError(f"AsymSettings.transfer_fallback must be one of {TRANSFER_FALLBACKS}, "
+                             f"got {self.transfer_fallback!r}")
+        if self.transfer_fallback != "off" and self.mode != ASYM_DECODE:
+            raise ValueError(f"AsymSettings.transfer_fallback {self.transfer_fallback!r} applies to {ASYM_DECODE} "
+                             f"only: the prefill role holds no decoder layers")
 
     @property
     def chunk_rows(self) -> int | None:
@@ -68,6 +76,10 @@ class AsymSettings:
     @property
     def is_prefill(self) -> bool:
         return self.mode == ASYM_PREFILL
+
+    @property
+    def recomputes_failed_transfers(self) -> bool:
+        return self.transfer_fallback == "recompute"
 
 
 def attach(server_args: Any, settings: AsymSettings) -> None:
