@@ -21,6 +21,7 @@ command. test/system/test_load_and_fallback.py runs a short variant of the same 
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import dataclasses
 import http.client
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -45,6 +47,7 @@ from sglang_asym.runtime.sse_lines import data_payloads
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFER_TIMEOUT_S = 5
 VOCAB = 500  # token ids below the tiny preset's vocabulary (512), above its special ids
+PROGRESS_EVERY = 100  # soak requests between progress lines
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,20 @@ def soak(router_url: str, workers: tuple[str, ...], cfg: LoadConfig) -> list[Out
     for i in range(cfg.requests):
         plan = rng.choice(DISRUPTIONS) if rng.random() < cfg.disrupt else NONE
         jobs.append((request_body(rng, cfg, f"soak{i}"), plan, random.Random(rng.getrandbits(32))))
+    done, lock, started = collections.Counter(), threading.Lock(), time.monotonic()
+
+    def run(job) -> Outcome:
+        outcome = stream_one(router_url, job[0], job[1], cfg, job[2], workers)
+        with lock:
+            done[outcome.kind] += 1
+            finished = sum(done.values())
+            if finished % PROGRESS_EVERY == 0:  # a long soak says how far it is
+                print(f"[{time.strftime('%H:%M:%S')}] soak: {finished} of {cfg.requests} ended after "
+                      f"{time.monotonic() - started:.0f} s: {dict(done)}", file=sys.stderr, flush=True)
+        return outcome
+
     with concurrent.futures.ThreadPoolExecutor(cfg.soak_concurrency) as pool:
-        return list(pool.map(lambda j: stream_one(router_url, j[0], j[1], cfg, j[2], workers), jobs))
+        return list(pool.map(run, jobs))
 
 
 def summary(outcomes: list[Outcome]) -> dict:
