@@ -27,10 +27,16 @@ def small_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def cluster(small_checkpoint, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
+    # Deterministic inference: concurrent requests through the pair are compared token for token with the
+    # colocated server's answers one at a time. Without it a request's logits depend on what it is batched
+    # with, and on AVX2-only hosts (bf16 kernels chosen by row count) that flipped a near tie of a random-
+    # weight checkpoint in two of four runs.
+    same = ("--enable-deterministic-inference",)
     servers = {
-        "prefill": start_server("asym-prefill", small_checkpoint, logs),
-        "decode": start_server("asym-decode", small_checkpoint, logs, "--transfer-timeout", str(D_TRANSFER_TIMEOUT_S)),
-        "colocated": start_server("null", small_checkpoint, logs),
+        "prefill": start_server("asym-prefill", small_checkpoint, logs, *same),
+        "decode": start_server("asym-decode", small_checkpoint, logs, "--transfer-timeout", str(D_TRANSFER_TIMEOUT_S),
+                               *same),
+        "colocated": start_server("null", small_checkpoint, logs, *same),
     }
     with serving(servers):
         yield servers
