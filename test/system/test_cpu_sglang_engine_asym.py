@@ -3,7 +3,8 @@
 runtime's asym-prefill / asym-decode pair with the same semantics (each semantics is one module-scoped
 set of four servers, started after the other set stopped):
 - greedy outputs are equal for prompts across the window boundary, one request at a time;
-- P ran layers 0-19 and layer 20's KV path on [0, B) only, and no forward at all for N <= W; D ran
+- P ran layers 0-19 and layer 20's KV path on [0, B) only (asym-exact-encoder: in SGLang's 512-token
+  prefill chunks, the embedded P chunking alike), and no forward at all for N <= W; D ran
   every layer over [B, N) in window chunks of at most 32 rows (the reference forward's log, a test aid);
 - D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps), and
   the bytes P wrote per request (its /metrics counter) are exactly the SplitPlan manifest's;
@@ -43,7 +44,10 @@ EXACT, ASYM = "asym-exact-encoder", "asym"
 LENGTHS = (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097)  # both semantics
 SMG_LENGTHS = (1, 129, 1000)
 ENCODER_LAYERS = list(range(20))
-PREFILL_CHUNK = 4096
+# P's chunk per semantics: the asym-exact-encoder pair computes B > 512 in chunks (N = 1000 and 4097 run
+# SGLang's chunked prefill on P); the asym pair, whose D retracts, computes each prefix in one forward (its
+# tests read each lifecycle's prefix end from P's forwards)
+PREFILL_CHUNK = {"asym-exact-encoder": 512, "asym": 4096}
 PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"  # P's exact-payload manager (exact_payload.py)
 SGLANG_TRANSFER_MB = "sglang:kv_transfer_total_mb_sum"  # SGLang's own per-request histogram (MiB)
 RUNNER_TOKENS = 96  # decodes while the late request's prefix (256 rows on P) and window (4 chunks on D) run
@@ -68,8 +72,8 @@ def pairs(request, sglang_checkpoint, tmp_path_factory):
     logs, dumps = work / "logs", work / "dumps"
     logs.mkdir()
     dumps.mkdir()
-    # both stacks compute P's prefix in one forward (the reference model is not chunk-invariant bit for bit)
-    flags = ("--asym-semantics", semantics, "--chunked-prefill-size", str(PREFILL_CHUNK))
+    # both stacks compute P's prefix in the same chunks (the reference model is not chunk-invariant bit for bit)
+    flags = ("--asym-semantics", semantics, "--chunked-prefill-size", str(PREFILL_CHUNK[semantics]))
 
     def aids(role: str) -> dict[str, str]:
         return {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps), "SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")}
@@ -150,6 +154,8 @@ def _check_what_each_role_computed(pairs, lengths) -> None:
             covered = sorted(p_rows[room])
             assert covered[0][0] == 0 and covered[-1][1] == b, (n, covered)
             assert all(x[1] == y[0] for x, y in zip(covered, covered[1:])), (n, covered)
+            chunk = PREFILL_CHUNK[pairs["semantics"]]
+            assert len(covered) == -(-b // chunk), (n, covered)  # SGLang's chunked prefill on P
     assert len(p_rows) == len([n for n in prompts.values() if n > WINDOW])
 
 
