@@ -849,7 +849,13 @@ ASYM_RELIED_ON = {
         "decode_req.req.output_ids.append(committed_output_id)"],
     "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": [
         "new_prebuilt_batch = self.get_new_prebuilt_batch(running_batch)",
-        "running_batch = self.update_running_batch(running_batch)"],
+        "running_batch = self.update_running_batch(running_batch)",
+        "return NextBatchPlan(batch_to_run=ret, running_batch=running_batch)"],
+    # asym_decode.py's mixed step: the decode batch SGLang picked is the one it runs next, in this thread
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_normal_disagg_decode": [
+        "batch = plan.batch_to_run", "result = self.run_batch(batch)"],
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_overlap_disagg_decode": [
+        "batch = plan.batch_to_run", "batch_result = self.run_batch(batch)"],
     "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch": [
         "req = self.waiting_queue[i]", "self.waiting_queue = waiting_queue"],
     "sglang.srt.disaggregation.decode.DecodePreallocQueue._swa_tail_len": [
@@ -947,6 +953,8 @@ ASYM_SIGNATURES = (
     "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.request_state_transfer_indices",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.init_new",
     "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids",
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new",
+    "sglang.srt.model_executor.model_runner.ModelRunner.sample",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.maybe_send_extra",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker",

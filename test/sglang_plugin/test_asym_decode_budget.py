@@ -34,7 +34,7 @@ def test_the_policy_accepts_every_raised_budget():
     for max_running in (1, 8, 225, 226, 300, 1000):
         budget = step_budget(SETTINGS, max_running, deterministic=True)
         SchedulerConfig(token_budget=budget, max_window_rows_per_step=budget, max_running=max_running,
-                        num_draft_tokens=0, window=128, mode=StepMode.SEPARATE, window_chunk=32, deterministic=True)
+                        num_draft_tokens=0, window=128, mode=StepMode.MIXED, window_chunk=32, deterministic=True)
     with pytest.raises(ValueError, match=r"= 1 >= window_chunk \(32\)"):
         SchedulerConfig(token_budget=300, max_window_rows_per_step=300, max_running=300, num_draft_tokens=0,
-                        window=128, mode=StepMode.SEPARATE, window_chunk=32, deterministic=True)
+                        window=128, mode=StepMode.MIXED, window_chunk=32, deterministic=True)

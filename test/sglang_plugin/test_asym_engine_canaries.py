@@ -51,6 +51,11 @@ EXPECTED_SIGNATURES = {
         ["reqs", "req_to_token_pool", "token_to_kv_pool_allocator", "tree_cache", "model_config", "enable_overlap",
          "spec_algorithm", "chunked_req", "dllm_config"],
     "sglang.srt.managers.schedule_batch.Req.refresh_fill_ids": ["self"],
+    # the mixed step: the window chunks' ForwardBatch rides in the decode forward, then SGLang's sampler
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new":
+        ["batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm", "extend_position_info",
+         "spec_mrope_positions", "kv_loc_plan", "write_cols"],
+    "sglang.srt.model_executor.model_runner.ModelRunner.sample": ["self", "logits_output", "forward_batch"],
     f"{MOONCAKE}.send_kvcache": ["self", "mooncake_session_id", "prefill_kv_indices", "dst_kv_ptrs", "dst_kv_indices",
                                  "executor", "dst_layer_ids", "dst_device_kv_indices", "dst_kv_item_len",
                                  "dst_attn_tp_size"],
@@ -147,5 +152,6 @@ def test_the_fallback_reads_sglangs_own_failure_words():
     assert transfer_fallback.FAILURE_PREFIXES == ("Decode handshake failed", "Decode transfer failed")
     for prefix in transfer_fallback.FAILURE_PREFIXES:
         assert decode.count(f'f"{prefix} for request rank') == 1, prefix
-    source = inspect.getsource(room_lifecycle.RoomLifecycleSender.abort)
+    assert "note_aborted(room)" in inspect.getsource(room_lifecycle.RoomLifecycleSender.abort)
+    source = inspect.getsource(room_lifecycle.RoomLifecycleManager.send_kv_status_message)
     assert "PREFILL_ABORT_WORDS" in source and transfer_fallback.PREFILL_ABORT_WORDS == "aborted on the prefill worker"

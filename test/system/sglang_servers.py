@@ -7,7 +7,7 @@ import contextlib
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -45,6 +45,14 @@ def write_sglang_checkpoint(out: Path) -> Path:
                      progress=False)
     write_tokenizer(out, sglang_small())
     return out
+
+
+def sglang_workspace(tmp_path_factory: Any, name: str) -> tuple[Path, Path, Path]:
+    """A module's work folder, the SGLang-geometry checkpoint written in it and an empty logs folder."""
+    work = tmp_path_factory.mktemp(name)
+    logs = work / "logs"
+    logs.mkdir()
+    return work, write_sglang_checkpoint(work / "ckpt"), logs
 
 
 @contextlib.contextmanager

@@ -134,8 +134,8 @@ def _check_what_each_role_computed(pairs, lengths) -> None:
     d_window: dict[int, list[tuple[int, int]]] = {}
     for forward in _forwards(pairs, "decode"):
         assert forward["layers"] == list(range(40)), forward
-        for room, start, end in forward["rows"]:
-            if room and forward["mode"] == "extend":
+        for room, start, end in forward["rows"][forward["decode_rows"]:]:  # the extend rows: window chunks
+            if room:
                 d_window.setdefault(room, []).append((start, end))
     prompts = {}
     for room, chunks in d_window.items():
@@ -195,9 +195,10 @@ def _check_d_holds_what_p_transferred(pairs, lengths) -> None:
 
 @EXACT_ONLY
 def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
-    """A request decoding RUNNER_TOKENS tokens, then a 384-token prompt whose 128-row window runs in 4 chunks: D runs
-    one window chunk and one decode step per scheduler iteration, so between two chunks of the window the
-    running request decodes, and no forward holds more than the budget (256 rows)."""
+    """A request decoding RUNNER_TOKENS tokens, then a 384-token prompt whose 128-row window runs in 4 chunks: each
+    chunk rides in the running request's decode forward (a mixed step: one forward holds the decode row and the
+    chunk), so the running request decodes in every step of the window, and no forward holds more than the
+    budget (256 rows)."""
     _forget_logs(pairs)
     with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -208,12 +209,15 @@ def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
             late = pool.submit(greedy, router.url, prompt_of(384))
             assert len(late.result()) == NEW_TOKENS and len(runner.result()) == RUNNER_TOKENS
     forwards = _forwards(pairs, "decode")
-    window_steps = [i for i, f in enumerate(forwards)
-                    if f["mode"] == "extend" and any(s >= 256 and e <= 384 for _, s, e in f["rows"])]
-    assert [forwards[i]["rows"][0][1:] for i in window_steps] == [[256, 288], [288, 320], [320, 352], [352, 384]]
-    decode_steps = [i for i, f in enumerate(forwards) if f["mode"] == "decode"]
-    for a, b in zip(window_steps, window_steps[1:]):
-        assert any(a < i < b for i in decode_steps), "the running request did not decode between two window chunks"
+    runner_room = next(room for f in forwards if f["mode"] == "decode" for room, _, _ in f["rows"] if room)
+    window_steps = [f for f in forwards if any(s >= 256 and e <= 384 for _, s, e in f["rows"][f["decode_rows"]:])]
+    late_room = window_steps[0]["rows"][-1][0]
+    assert late_room != runner_room
+    assert [f["rows"][f["decode_rows"]:] for f in window_steps] == [[[late_room, s, s + 32]] for s in (256, 288, 320, 352)]
+    for f in window_steps:
+        assert f["mode"] == "mixed", f
+        runner_rows = [(s, e) for room, s, e in f["rows"][:f["decode_rows"]] if room == runner_room]
+        assert len(runner_rows) == 1 and runner_rows[0][1] == runner_rows[0][0] + 1, f  # its decode row
     assert max(sum(e - s for _, s, e in f["rows"]) for f in forwards) <= 256
 
 

@@ -21,7 +21,7 @@ from sglang_asym.runtime.router_launch import RouterFlavor
 
 from .helpers import MODEL, output, serving
 from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, server_info,
-                             sglang_server, write_sglang_checkpoint)
+                             sglang_server, sglang_workspace)
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -34,10 +34,7 @@ BATCHES = (2, 8)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    work = tmp_path_factory.mktemp("sglang_deterministic")
-    checkpoint = write_sglang_checkpoint(work / "ckpt")
-    logs = work / "logs"
-    logs.mkdir()
+    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
 
     def started(mode: str, role: str):
         return sglang_server(mode, checkpoint, logs, FLAG, env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})

@@ -25,7 +25,7 @@ from sglang_asym.runtime.server_process import post
 
 from . import faults
 from .helpers import serving
-from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint
+from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, sglang_workspace
 from .test_fault_recovery import abort
 
 pytestmark = pytest.mark.timeout(1200)
@@ -42,10 +42,7 @@ PREFIX_LINE = re.compile(r"recomputed its (\d+)-token prefix on this decode work
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    work = tmp_path_factory.mktemp("sglang_fallback")
-    checkpoint = write_sglang_checkpoint(work / "ckpt")
-    logs = work / "logs"
-    logs.mkdir()
+    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_fallback")
     # P computes each prefix in one forward, as the fallback does (the reference model is not chunk-invariant
     # bit for bit)
     servers = {

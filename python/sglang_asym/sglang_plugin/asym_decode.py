@@ -9,24 +9,25 @@ Five hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each targ
   DecodeTransferQueue._commit_transfer_to_req  AROUND  P's placeholder token (P samples nothing that
                                                        counts) is dropped; the request is marked
                                                        "window pending" with its rows [B, N) to run
-  Scheduler.get_next_disagg_decode_batch_to_run AROUND before SGLang schedules its decode batch, one
+  Scheduler.get_next_disagg_decode_batch_to_run AROUND after SGLang picked its decode batch, one
                                                        window step: the project's budget policy
                                                        (sched.plan_step) picks which pending windows
-                                                       run and how many rows each, beside the running
-                                                       decode batch; they run as one EXTEND forward
-                                                       (window_batch.py); a request whose window is
-                                                       complete gets its first token, as a commit
-                                                       from P would have given it
+                                                       run and how many rows each, beside that decode
+                                                       batch; a request whose window is complete gets
+                                                       its first token, as a commit from P would have
+                                                       given it
   Scheduler._get_new_prebuilt_batch             AROUND  requests whose window is pending are not
                                                        merged into the running batch yet
 
 A window-pending request stays in SGLang's `waiting_queue`, so SGLang's own abort path finds it and
 frees its rows; only the prebuilt merge skips it. Once its window completes it is an ordinary
 committed PD request: SGLang's prebuilt path streams the first token, checks the stop conditions and
-merges it into the running batch in that same scheduler iteration.
-The decode steps and window steps are separate forwards (the policy's "separate" step mode): each
-scheduler iteration runs at most one window forward, then the running batch's decode forward, so a
-running request is never starved and each step's rows stay within the token budget.
+merges it into the running batch.
+A step is mixed (the policy's "mixed" step mode, as in the embedded runtime): the window chunks ride in
+the running batch's decode forward, one forward holding both (reference_forward.ride_next_decode), so
+the running requests decode in every iteration and each forward's rows stay within the token budget.
+With no decode batch to ride, the chunks run as an EXTEND forward of their own (window_batch.py); a
+window completed that way is merged at once, so the request decodes in the same iteration.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .deterministic import deterministic_inference
 from .prefill_cut import PROMPT_LEN_ATTR
 from .settings import AsymSettings, settings_of
 from .transfer_fallback import fallback_of
-from .window_batch import WindowChunk, run_window_chunks
+from .window_batch import WindowChunk, run_window_chunks, sample_window, window_forward_batch
 
 log = logging.getLogger(__name__)
 _RAISED_ATTR = "_sglang_asym_budget_raised"  # the scheduler logged the deterministic budget raise once
@@ -168,7 +169,7 @@ def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
                     settings.token_budget, settings.chunk_rows, max_running, budget)
     return SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, settings.window),
                            max_running=max_running, num_draft_tokens=0, window=settings.window,
-                           mode=StepMode.SEPARATE, window_chunk=settings.chunk_rows,
+                           mode=StepMode.MIXED, window_chunk=settings.chunk_rows,
                            deterministic=deterministic)  # whole chunks on the grid from B
 
 
@@ -186,21 +187,22 @@ def recompute_prefix(scheduler: Any, req: Any) -> None:
                 time.perf_counter() - fallback.since if fallback is not None else 0.0)
 
 
-def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> int:
-    """Runs at most one window forward for the pending windows in the waiting queue; returns its rows."""
+def plan_window_step(scheduler: Any, decoding: list[Any], settings: AsymSettings) -> list[WindowChunk]:
+    """The window chunks of this scheduler iteration beside the requests `decoding` in it, chosen by the
+    project's budget policy (sched.plan_step). A recompute fallback's prefix runs first, on its own."""
     step = getattr(scheduler, STEP_ATTR, 0)
     setattr(scheduler, STEP_ATTR, step + 1)
     pending = sorted((req for req in scheduler.waiting_queue if window_of(req) is not None),
                      key=lambda req: window_of(req).arrival_step)  # stable: commit order within a step
     if not pending:
-        return 0
+        return []
     for req in pending:
         if window_of(req).next_row < window_of(req).boundary:
             recompute_prefix(scheduler, req)
-    running = [RunningRequest(req.rid, 1) for req in running_batch.reqs if not req.finished()]
+    running = [RunningRequest(req.rid, 1) for req in decoding]
     config = scheduler_config(scheduler, settings)
     if len(running) >= config.max_running:
-        return 0  # no free running slot for a request whose window completes
+        return []  # no free running slot for a request whose window completes
     waiting = [WaitingRequest(req.rid, window_of(req).rows_left, window_of(req).arrival_step,
                               last_chunk_step=window_of(req).last_chunk_step) for req in pending]
     plan = plan_step(running, waiting, step, config)
@@ -210,29 +212,69 @@ def window_step(scheduler: Any, running_batch: Any, settings: AsymSettings) -> i
         req = by_rid[admitted.request_id]
         progress = window_of(req)
         chunks.append(WindowChunk(req, progress.next_row, progress.next_row + admitted.window_rows))
-    if not chunks:
-        return 0
-    tokens = run_window_chunks(scheduler, chunks)
-    rows = sum(c.end - c.start for c in chunks)
+    if chunks:
+        log.debug("window step %d: %d rows over %d requests beside %d decoding", step,
+                  sum(c.end - c.start for c in chunks), len(chunks), len(running))
+    return chunks
+
+
+def finish_chunks(scheduler: Any, chunks: list[WindowChunk], tokens: list[int]) -> int:
+    """Advances each request past its chunk; a request whose window is complete gets its first token, where
+    SGLang's commit puts P's. Returns how many windows completed."""
+    step = getattr(scheduler, STEP_ATTR, 1) - 1
+    completed = 0
     for chunk, token in zip(chunks, tokens):
         req = chunk.req
         progress = window_of(req)
+        if progress is None or req.finished():  # aborted meanwhile: SGLang's abort path frees it
+            continue
         if chunk.end == progress.end:
             setattr(req, WINDOW_ATTR, None)
+            completed += 1
             if not progress.replayed_token:
-                req.output_ids.append(token)  # the first token, where SGLang's commit puts P's
+                req.output_ids.append(token)
         else:
-            setattr(req, WINDOW_ATTR, replace(window_of(req), next_row=chunk.end, last_chunk_step=step))
-    log.debug("window step %d: %d rows over %d requests beside %d decoding", step, rows, len(chunks), len(running))
-    return rows
+            setattr(req, WINDOW_ATTR, replace(progress, next_row=chunk.end, last_chunk_step=step))
+    return completed
+
+
+def _run_unridden(scheduler: Any) -> None:
+    """Window chunks queued for a decode forward that never ran (it failed or was skipped) run now, alone."""
+    from .reference_forward import take_unridden
+
+    for rider in take_unridden():
+        chunks = [c for c in rider.work if not c.req.finished()]
+        log.warning("%d window chunks queued for a decode forward that did not run; running them alone", len(chunks))
+        if chunks:
+            finish_chunks(scheduler, chunks, run_window_chunks(scheduler, chunks))
 
 
 def around_get_next_decode_batch(original: Callable, scheduler: Any, running_batch: Any, *args: Any,
                                  **kwargs: Any) -> Any:
+    """After SGLang picked this iteration's decode batch, the window step: its chunks ride in that decode
+    forward (one mixed forward); with no decode forward to ride they run as a forward of their own, and if
+    that completed a window, SGLang schedules again so the request decodes in this same iteration."""
     settings = _settings()
-    if settings is not None:
-        window_step(scheduler, running_batch, settings)
-    return original(scheduler, running_batch, *args, **kwargs)
+    plan = original(scheduler, running_batch, *args, **kwargs)
+    if settings is None:
+        return plan
+    _run_unridden(scheduler)
+    batch = plan.batch_to_run
+    decode = batch if batch is not None and batch.forward_mode.is_decode() else None
+    chunks = plan_window_step(scheduler, list(decode.reqs) if decode is not None else [], settings)
+    if not chunks:
+        return plan
+    if decode is not None:
+        from .reference_forward import ride_next_decode
+
+        forward_batch = window_forward_batch(scheduler, chunks)
+        ride_next_decode(forward_batch,
+                         lambda logits: finish_chunks(scheduler, chunks, sample_window(scheduler, forward_batch, logits)),
+                         work=chunks)
+        return plan
+    if finish_chunks(scheduler, chunks, run_window_chunks(scheduler, chunks)) and batch is None:
+        return original(scheduler, plan.running_batch, *args, **kwargs)
+    return plan
 
 
 def around_get_new_prebuilt_batch(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:

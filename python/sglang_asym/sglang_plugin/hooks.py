@@ -40,7 +40,8 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
   SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run, ._get_new_prebuilt_batch
                             AROUND  asym-decode: SWA slots and destinations for B, P's placeholder
                                     dropped, the window
-                                    [B, N) as EXTEND chunks under the budget policy (asym_decode.py)
+                                    [B, N) as EXTEND chunks riding in the decode forward under the
+                                    budget policy (asym_decode.py)
   DecodePreallocQueue.pop_preallocated, DecodeTransferQueue.pop_transferred, Scheduler.abort_request
                             AROUND  asym-decode with --asym-transfer-fallback recompute: a failed
                                     handshake or transfer is recomputed on D, unless its client aborted

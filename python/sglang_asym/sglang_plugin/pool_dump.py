@@ -86,9 +86,10 @@ def after_commit_transfer(result: Any, queue: Any, decode_req: Any, *args: Any, 
 
 
 def log_forward(role: str, mode: str, layers: Sequence[int], rows: Sequence[tuple[int | None, int, int]],
-                seconds: float) -> None:
-    """Test aid: one line per forward: its mode (extend / decode), the layers it ran, each request's
-    (room, start, end) rows and the forward's wall time."""
+                seconds: float, decode_rows: int = 0) -> None:
+    """Test aid: one line per forward: its mode (extend / decode / mixed), the layers it ran, each request's
+    (room, start, end) rows (the first `decode_rows` of them decode rows, the rest extend rows) and the
+    forward's wall time."""
     path = os.environ.get(FORWARD_LOG_ENV)
     if not path:
         return
@@ -96,4 +97,5 @@ def log_forward(role: str, mode: str, layers: Sequence[int], rows: Sequence[tupl
 
     with open(path, "a") as out:
         out.write(json.dumps({"role": role, "mode": mode, "layers": list(layers), "rows": [list(r) for r in rows],
+                              "decode_rows": decode_rows,
                               "seconds": round(seconds, 6)}) + "\n")

@@ -102,10 +102,12 @@ class PoolRows:
         base = page * place.page_bytes
         return base + slot * place.data_bytes, base + index.page_size * place.data_bytes + slot * place.scale_bytes
 
-    def _swa_offsets(self, layer: int, req: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _swa_slots(self, req: int, tokens: torch.Tensor) -> torch.Tensor:
+        return self.pool.translate_loc_from_full_to_swa(self.req_to_token[req, tokens].long()).long()
+
+    def _swa_offsets(self, layer: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         swa = self.pool.swa_kv_pool
         buf = swa.kv_buffer[layer].view(torch.uint8)
-        loc = self.pool.translate_loc_from_full_to_swa(self.req_to_token[req, tokens].long()).long()
         page, slot = loc // swa.page_size, loc % swa.page_size
         data_stride, scale_base, scale_stride = swa.kv_layout.row_addressing(swa.page_size)
         base = page * buf.shape[1]
@@ -129,21 +131,21 @@ class PoolRows:
         if end <= start:
             return torch.empty(0, self.cfg.head_dim, dtype=dtype)
         data, scales = self._swa_parts
-        flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(start, end))
+        flat, d_off, s_off = self._swa_offsets(layer, self._swa_slots(req, torch.arange(start, end)))
         packed = self._gather(flat, d_off, s_off, data, scales)
         return self._codec[GroupKind.SWA].unpack_rows(packed, self.cfg.head_dim).to(dtype)
 
     def write_window(self, layer: int, req: int, start: int, values: torch.Tensor) -> None:
         """Rows of tokens [start, start + len(values)); a token with no SWA slot is skipped (SGLang maps it to
         its dummy slot 0: a decode worker's tail-only SWA, below the rows a later query reads)."""
-        tokens = torch.arange(start, start + values.shape[0])
-        mapped = self.pool.translate_loc_from_full_to_swa(self.req_to_token[req, tokens].long()) > 0
+        loc = self._swa_slots(req, torch.arange(start, start + values.shape[0]))
+        mapped = loc > 0
         if not bool(mapped.all()):
-            tokens, values = tokens[mapped], values[mapped]
+            loc, values = loc[mapped], values[mapped]
         if values.shape[0] == 0:
             return
         data, scales = self._swa_parts
-        flat, d_off, s_off = self._swa_offsets(layer, req, tokens)
+        flat, d_off, s_off = self._swa_offsets(layer, loc)
         self._scatter(flat, d_off, s_off, self._codec[GroupKind.SWA].pack_rows(values.float()), data, scales)
 
     def read_compressed(self, kind: str, owner: int, req: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -172,8 +174,9 @@ class PoolRows:
         out: dict[str, np.ndarray] = {}
         data, scales = self._swa_parts
         first = max(0, num_tokens - (self.cfg.sliding_window if window_rows is None else window_rows))
+        window_slots = self._swa_slots(req, torch.arange(first, num_tokens))
         for layer in range(self.cfg.num_hidden_layers) if swa_layers is None else swa_layers:
-            flat, d_off, s_off = self._swa_offsets(layer, req, torch.arange(first, num_tokens))
+            flat, d_off, s_off = self._swa_offsets(layer, window_slots)
             out[f"swa.L{layer}"] = self._gather(flat, d_off, s_off, data, scales).numpy()
         for owner, ratio in self.ratio.items():
             rows = torch.arange(num_tokens // ratio)

@@ -14,7 +14,9 @@ parameters (sglang_weights.py) and replaces the instance's `forward`. Each call 
    rows from max(0, start - W + 1), every compressed row and index key, the pending compressor
    token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
    request's own slots. The pool's bytes are the only request state; nothing survives a call.
-Returns SGLang's LogitsProcessorOutput with each request's last-row logits.
+Returns SGLang's LogitsProcessorOutput with each request's last-row logits. A decode forward also runs
+the rows of any extend batch queued to ride along (`ride_next_decode`: D's window chunks in a mixed
+step) and hands their logits to the rider.
 With SGLang's --enable-deterministic-inference (deterministic.py) step 3 runs every request's piece as
 a forward of its own, so a request's logits do not depend on what else is in the batch.
 """
@@ -25,7 +27,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -126,6 +128,34 @@ def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: 
     return [[(i, *p[k]) for i, p in enumerate(split) if k < len(p)] for k in range(depth)]
 
 
+@dataclass(frozen=True)
+class Rider:
+    """Extend rows that run inside the next decode forward (a mixed step: one forward holds the running
+    batch's decode rows and these window rows); `on_logits` gets each request's last-row logits."""
+
+    rows: tuple[RequestRows, ...]
+    on_logits: Callable[[torch.Tensor], None]
+    work: Any = None  # the caller's record of what the rows are (to run them another way if no decode came)
+
+
+_RIDERS: list[Rider] = []
+
+
+def ride_next_decode(forward_batch: Any, on_logits: Callable[[torch.Tensor], None], work: Any = None) -> Rider:
+    """Queues an extend ForwardBatch's rows for the next decode forward of this scheduler process."""
+    rider = Rider(tuple(ReferenceForward.request_rows(forward_batch.input_ids, forward_batch.positions,
+                                                      forward_batch)), on_logits, work)
+    _RIDERS.append(rider)
+    return rider
+
+
+def take_unridden() -> list[Rider]:
+    """Riders no decode forward took (the caller runs them another way)."""
+    left = list(_RIDERS)
+    _RIDERS.clear()
+    return left
+
+
 class ReferenceForward:
     """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
 
@@ -148,15 +178,23 @@ class ReferenceForward:
         rows = self.request_rows(input_ids, positions, forward_batch)
         if not rows:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
+        decoding = forward_batch.forward_mode.is_decode()
+        riders = take_unridden() if decoding else []
+        ridden = [r for rider in riders for r in rider.rows]
         started = time.perf_counter()
-        logits, layers = self.run_rows(rows)
+        logits, layers = self.run_rows(rows + ridden)
         self.forwards += 1
-        mode = "decode" if forward_batch.forward_mode.is_decode() else "extend"
-        log_forward(_FACTS.role, mode, sorted(layers), [(_FACTS.room.get(r.req), r.start, r.end) for r in rows],
-                    time.perf_counter() - started)
+        mode = "mixed" if riders else "decode" if decoding else "extend"
+        log_forward(_FACTS.role, mode, sorted(layers),
+                    [(_FACTS.room.get(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
+                    decode_rows=len(rows) if decoding else 0)
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
-        return LogitsProcessorOutput(next_token_logits=torch.stack(logits).float())
+        at = len(rows)
+        for rider in riders:
+            rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
+            at += len(rider.rows)
+        return LogitsProcessorOutput(next_token_logits=torch.stack(logits[:len(rows)]).float())
 
     def run_rows(self, rows: Sequence[RequestRows]) -> tuple[list[torch.Tensor | None], set[int]]:
         """Runs the requests' rows over the pool: each request's last-row logits (None in the prefill role)

@@ -170,9 +170,8 @@ class RoomLifecycleSender:
         targets = manager._room_notify_targets(room) if not self._rows_queued else []
         if targets:
             log.info("room %s: aborted on the prefill worker before any row was queued; told %s", room, targets)
-            # in words a decode worker's recompute fallback knows: it leaves an aborted request alone
-            manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
-                                           failure_reason=f"sglang-asym: request of room {room} {PREFILL_ABORT_WORDS}")
+            # the noted abort gives the frame its words (send_kv_status_message)
+            manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed)
 
     def clear(self) -> None:
         from sglang.srt.disaggregation.base.conn import KVPoll

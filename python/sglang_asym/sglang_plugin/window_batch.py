@@ -8,6 +8,9 @@ sampling info, extend lengths) while its `alloc_for_extend` is replaced, for thi
 request's resident slots. The request fields `prepare_for_extend` reads and writes (prefix length,
 extend end, cached-token counters) are restored afterwards, so the request leaves the window exactly
 as SGLang's commit left it and continues on SGLang's prebuilt path (see asym_decode.py).
+The batch either runs as a forward of its own (`run_window_chunks`), or is only turned into a
+ForwardBatch (`window_forward_batch`) whose rows the reference forward runs beside the next decode
+forward's rows, its logits then sampled by SGLang's sampler (`sample_window`).
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ def _resident_slots(req_to_token: torch.Tensor, chunks: Sequence[WindowChunk]) -
         schedule_batch.alloc_for_extend = original
 
 
-def run_window_chunks(scheduler: Any, chunks: Sequence[WindowChunk]) -> list[int]:
-    """Runs the chunks as one EXTEND forward on `scheduler`'s model worker; returns each chunk's
-    sampled next token (meaningful for a chunk that ends its request's prompt)."""
+@contextlib.contextmanager
+def _window_batch(scheduler: Any, chunks: Sequence[WindowChunk]) -> Iterator[Any]:
+    """The chunks' EXTEND ScheduleBatch over their resident slots; the request fields it touched are
+    restored when the block ends."""
     from sglang.srt.managers.overlap_utils import resolve_forward_inputs
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
@@ -76,9 +80,33 @@ def run_window_chunks(scheduler: Any, chunks: Sequence[WindowChunk]) -> list[int
         with _resident_slots(scheduler.req_to_token_pool.req_to_token, chunks):
             batch.prepare_for_extend()
         resolve_forward_inputs(batch, scheduler.future_map)
-        result = scheduler.model_worker.forward_batch_generation(batch)
-        return [int(t) for t in result.next_token_ids.tolist()]
+        yield batch
     finally:
         for req, fields in zip(reqs, saved):
             for name, value in fields.items():
                 setattr(req, name, value)
+
+
+def run_window_chunks(scheduler: Any, chunks: Sequence[WindowChunk]) -> list[int]:
+    """Runs the chunks as one EXTEND forward on `scheduler`'s model worker; returns each chunk's
+    sampled next token (meaningful for a chunk that ends its request's prompt)."""
+    with _window_batch(scheduler, chunks) as batch:
+        result = scheduler.model_worker.forward_batch_generation(batch)
+        return [int(t) for t in result.next_token_ids.tolist()]
+
+
+def window_forward_batch(scheduler: Any, chunks: Sequence[WindowChunk]) -> Any:
+    """The chunks' ForwardBatch (input ids, positions, sampling info), for a forward that runs them
+    beside the running batch's decode rows (a mixed step, reference_forward.ride_next_decode)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    with _window_batch(scheduler, chunks) as batch:
+        return ForwardBatch.init_new(batch, scheduler.model_worker.model_runner, return_hidden_states_before_norm=False)
+
+
+def sample_window(scheduler: Any, forward_batch: Any, logits: torch.Tensor) -> list[int]:
+    """SGLang's sampler over the chunks' last-row logits, with their requests' sampling parameters."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    output = LogitsProcessorOutput(next_token_logits=logits.float())
+    return [int(t) for t in scheduler.model_worker.model_runner.sample(output, forward_batch).tolist()]
