@@ -10,8 +10,8 @@ CPU defaults (8 running requests, an 8k-token pool per worker). What a worker ho
   holdings  threads, open fds and sockets of each worker's whole process tree (HTTP launcher, scheduler,
             detokenizer), the router's keep-alive connections counted apart; measured after the warm-up,
             after the soak and after the burst.
-SGLang registers its pools with Mooncake once at start-up and exposes no count of registrations, so
-those are not measured here (soak.py measures the embedded runtime's).
+  Mooncake  the memory regions each scheduler holds registered with the Mooncake Transfer Engine
+            (sglang_asym:mooncake_regions_registered_total minus ..._deregistered_total on /metrics).
 Results go into benchmark/results/reliability.json under "soak_sglang_engine", with the command.
 
     .venv/bin/python benchmark/soak_sglang_engine.py [--concurrent 200 --requests 2000]
@@ -37,7 +37,7 @@ from sglang_asym.runtime.server_process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test"))
-from system.sglang_servers import metric_sum, write_sglang_checkpoint  # noqa: E402  (SGLang's /metrics reader)
+from system.sglang_servers import metric_sum, mooncake_regions, write_sglang_checkpoint  # noqa: E402  (/metrics readers)
 USED_TOKENS = "sglang:num_used_tokens"
 
 
@@ -71,7 +71,8 @@ def tree_resources(pid: int, router_pid: int | None) -> dict[str, int]:
 
 
 def holdings(servers: dict[str, ServerProcess], router_pid: int | None) -> dict[str, dict[str, int]]:
-    return {name: tree_resources(s.proc.pid, router_pid) for name, s in servers.items()}
+    return {name: {**tree_resources(s.proc.pid, router_pid), "mooncake_registrations": mooncake_regions(s)}
+            for name, s in servers.items()}
 
 
 def warm_gauges(router_url: str) -> None:

@@ -884,6 +884,11 @@ ASYM_RELIED_ON = {
         "window_start = max(total_prefix_len, seq_len - window_size)",
         "self._send_kv_metadata(", "StateType.SWA: _swa_payload,",
         "StateType.DSV4_REQUEST_STATE: _request_state_payload,"],
+    # mooncake_regions.py: a failed batch registration returns nonzero, a failed single one raises
+    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.batch_register": [
+        "ret_value = -1", "return ret_value"],
+    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.register": [
+        'raise RuntimeError(f"Mooncake memory registration failed (ret={ret_value})")'],
     "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend": [
         "= alloc_for_extend(", "self.sampling_info = SamplingBatchInfo.from_schedule_batch("],
     "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped": [

@@ -37,6 +37,15 @@ EXPECTED_SIGNATURES = {
     f"{DECODE}.DecodePreallocQueue.pop_preallocated": ["self", "rids_to_check", "pp_good_rids", "pp_bad_rids"],
     f"{DECODE}.DecodeTransferQueue.pop_transferred": ["self", "rids_to_check"],
     "sglang.srt.managers.scheduler.Scheduler.abort_request": ["self", "recv_req"],
+    # mooncake_regions.py: SGLang's four registration calls
+    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.register":
+        ["self", "ptr", "length"],
+    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.deregister":
+        ["self", "ptr"],
+    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.batch_register":
+        ["self", "ptrs", "lengths"],
+    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.batch_deregister":
+        ["self", "ptrs"],
     # transfer_fallback.py: what a recomputed request goes through again
     f"{DECODE}.DecodePreallocQueue.add": ["self", "req", "is_retracted", "is_rebootstrap"],
     "sglang.srt.managers.schedule_batch.Req.detach_kv": ["self"],

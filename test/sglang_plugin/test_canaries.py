@@ -68,7 +68,9 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",
         "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
         "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
-        "sglang.srt.managers.scheduler.Scheduler.abort_request"]
+        "sglang.srt.managers.scheduler.Scheduler.abort_request",
+        *(f"sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.{name}"
+          for name in ("register", "deregister", "batch_register", "batch_deregister"))]
 
 
 def test_every_hook_target_resolves():

@@ -119,6 +119,15 @@ def metric_sum(server: ServerProcess, name: str) -> float | None:
     return sum(values) if values else None
 
 
+def mooncake_regions(server: ServerProcess) -> int:
+    """Memory regions an asymmetric server's scheduler holds registered with Mooncake now (registered minus
+    deregistered, sglang_plugin/mooncake_regions.py)."""
+    registered = metric_sum(server, "sglang_asym:mooncake_regions_registered_total")
+    if registered is None:
+        raise AssertionError(f"{server.mode}: /metrics has no sglang_asym:mooncake_regions_registered_total")
+    return int(registered - (metric_sum(server, "sglang_asym:mooncake_regions_deregistered_total") or 0))
+
+
 def used_tokens(server: ServerProcess) -> float:
     """SGLang's own sglang:num_used_tokens gauge of a server."""
     value = metric_sum(server, "sglang:num_used_tokens")

@@ -34,7 +34,8 @@ from sglang_asym.split import SplitPlan
 
 from .helpers import serving
 from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
-                             patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint)
+                             mooncake_regions, patient_router, prompt_of, settle, sglang_server,
+                             write_sglang_checkpoint)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -225,10 +226,12 @@ def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
 def test_aborted_requests_leave_the_pools_where_they_started(pairs):
     """Clients that give up mid-request (a 1 s read timeout while P computes the prefix, or D the window or
     the decode steps of a prompt within the window)
-    abort through SGLang on both workers; afterwards SGLang's own used-token counters are back at zero and
-    the pair serves the next request."""
+    abort through SGLang on both workers; afterwards SGLang's own used-token counters are back at zero, each
+    worker holds the Mooncake registrations it held before, and the pair serves the next request."""
     pair = [pairs["prefill"], pairs["decode"]]
     assert settle(pair) == [0, 0]
+    regions = [mooncake_regions(server) for server in pair]
+    assert min(regions) > 0, regions  # the pools, registered once at start-up
     with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
         for n in (600, 120, 600):
             body = {"input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
@@ -237,6 +240,7 @@ def test_aborted_requests_leave_the_pools_where_they_started(pairs):
         assert settle(pair) == [0, 0]
         assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
         assert len(greedy(router.url, prompt_of(300))) == NEW_TOKENS
+    assert [mooncake_regions(server) for server in pair] == regions
 
 
 def _retracted_together(pairs, lengths: tuple[int, ...], new_tokens: int) -> dict[int, list[int]]:

@@ -46,6 +46,9 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
                             AROUND  asym-decode with --asym-transfer-fallback recompute: a failed
                                     handshake or transfer is recomputed on D, unless its client aborted
                                     it (transfer_fallback.py)
+  MooncakeTransferEngine.register, .deregister, .batch_register, .batch_deregister
+                            AROUND  both roles: Mooncake regions counted on /metrics
+                                    (mooncake_regions.py)
 
 `prepare_server_args` is what both `python -m sglang.launch_server` and `sglang serve` call after
 `load_plugins()`; HookRegistry also rebinds the stale `from ... import prepare_server_args` copy
@@ -61,7 +64,8 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import asym_decode, cpu_handover, cpu_import_gaps, exact_payload, prefill_stop, prefill_zero, transfer_fallback
+from . import (asym_decode, cpu_handover, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
+               transfer_fallback)
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration
 from .cli import extend_parser, translate
@@ -97,6 +101,7 @@ DECODE_PREBUILT_BATCH = f"{DECODE}.SchedulerDisaggregationDecodeMixin._get_new_p
 DECODE_POP_PREALLOCATED = f"{DECODE}.DecodePreallocQueue.pop_preallocated"
 DECODE_POP_TRANSFERRED = f"{DECODE}.DecodeTransferQueue.pop_transferred"
 SCHEDULER_ABORT = "sglang.srt.managers.scheduler.Scheduler.abort_request"
+MOONCAKE_ENGINE = "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine"
 SCHEDULER_ROLE = "scheduler"
 TOKENIZER_ROLE = "tokenizer"  # the launcher process: HTTP front and tokenizer manager
 MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
@@ -256,6 +261,10 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
         (DECODE_POP_PREALLOCATED, transfer_fallback.around_pop_preallocated, "AROUND"),
         (DECODE_POP_TRANSFERRED, transfer_fallback.around_pop_transferred, "AROUND"),
         (SCHEDULER_ABORT, transfer_fallback.around_abort_request, "AROUND"),
+        (f"{MOONCAKE_ENGINE}.register", mooncake_regions.around_register, "AROUND"),
+        (f"{MOONCAKE_ENGINE}.deregister", mooncake_regions.around_deregister, "AROUND"),
+        (f"{MOONCAKE_ENGINE}.batch_register", mooncake_regions.around_batch_register, "AROUND"),
+        (f"{MOONCAKE_ENGINE}.batch_deregister", mooncake_regions.around_batch_deregister, "AROUND"),
     )
 
 
