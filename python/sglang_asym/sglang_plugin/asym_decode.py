@@ -187,22 +187,36 @@ def recompute_prefix(scheduler: Any, req: Any) -> None:
                 time.perf_counter() - fallback.since if fallback is not None else 0.0)
 
 
-def plan_window_step(scheduler: Any, decoding: list[Any], settings: AsymSettings) -> list[WindowChunk]:
+def recompute_fallback_prefixes(scheduler: Any) -> None:
+    """Every pending window whose prefix never came from P (a recompute fallback) gets it computed first."""
+    for req in list(scheduler.waiting_queue):
+        progress = window_of(req)
+        if progress is not None and progress.next_row < progress.boundary:
+            recompute_prefix(scheduler, req)
+
+
+@dataclass(frozen=True)
+class WindowStep:
+    """The window chunks planned at scheduler step `step`: finish_step records that step as each unfinished
+    request's last chunk step (the policy's fairness input), whenever the chunks' logits arrive."""
+
+    step: int
+    chunks: tuple[WindowChunk, ...]
+
+
+def plan_window_step(scheduler: Any, decoding: list[Any], settings: AsymSettings) -> WindowStep | None:
     """The window chunks of this scheduler iteration beside the requests `decoding` in it, chosen by the
-    project's budget policy (sched.plan_step). A recompute fallback's prefix runs first, on its own."""
+    project's budget policy (sched.plan_step); None when no window runs now."""
     step = getattr(scheduler, STEP_ATTR, 0)
     setattr(scheduler, STEP_ATTR, step + 1)
     pending = sorted((req for req in scheduler.waiting_queue if window_of(req) is not None),
                      key=lambda req: window_of(req).arrival_step)  # stable: commit order within a step
     if not pending:
-        return []
-    for req in pending:
-        if window_of(req).next_row < window_of(req).boundary:
-            recompute_prefix(scheduler, req)
+        return None
     running = [RunningRequest(req.rid, 1) for req in decoding]
     config = scheduler_config(scheduler, settings)
     if len(running) >= config.max_running:
-        return []  # no free running slot for a request whose window completes
+        return None  # no free running slot for a request whose window completes
     waiting = [WaitingRequest(req.rid, window_of(req).rows_left, window_of(req).arrival_step,
                               last_chunk_step=window_of(req).last_chunk_step) for req in pending]
     plan = plan_step(running, waiting, step, config)
@@ -212,18 +226,18 @@ def plan_window_step(scheduler: Any, decoding: list[Any], settings: AsymSettings
         req = by_rid[admitted.request_id]
         progress = window_of(req)
         chunks.append(WindowChunk(req, progress.next_row, progress.next_row + admitted.window_rows))
-    if chunks:
-        log.debug("window step %d: %d rows over %d requests beside %d decoding", step,
-                  sum(c.end - c.start for c in chunks), len(chunks), len(running))
-    return chunks
+    if not chunks:
+        return None
+    log.debug("window step %d: %d rows over %d requests beside %d decoding", step,
+              sum(c.end - c.start for c in chunks), len(chunks), len(running))
+    return WindowStep(step, tuple(chunks))
 
 
-def finish_chunks(scheduler: Any, chunks: list[WindowChunk], tokens: list[int]) -> int:
+def finish_step(window_step: WindowStep, tokens: list[int]) -> int:
     """Advances each request past its chunk; a request whose window is complete gets its first token, where
     SGLang's commit puts P's. Returns how many windows completed."""
-    step = getattr(scheduler, STEP_ATTR, 1) - 1
     completed = 0
-    for chunk, token in zip(chunks, tokens):
+    for chunk, token in zip(window_step.chunks, tokens, strict=True):
         req = chunk.req
         progress = window_of(req)
         if progress is None or req.finished():  # aborted meanwhile: SGLang's abort path frees it
@@ -234,7 +248,7 @@ def finish_chunks(scheduler: Any, chunks: list[WindowChunk], tokens: list[int]) 
             if not progress.replayed_token:
                 req.output_ids.append(token)
         else:
-            setattr(req, WINDOW_ATTR, replace(progress, next_row=chunk.end, last_chunk_step=step))
+            setattr(req, WINDOW_ATTR, replace(progress, next_row=chunk.end, last_chunk_step=window_step.step))
     return completed
 
 
@@ -243,10 +257,12 @@ def _run_unridden(scheduler: Any) -> None:
     from .reference_forward import take_unridden
 
     for rider in take_unridden():
-        chunks = [c for c in rider.work if not c.req.finished()]
-        log.warning("%d window chunks queued for a decode forward that did not run; running them alone", len(chunks))
-        if chunks:
-            finish_chunks(scheduler, chunks, run_window_chunks(scheduler, chunks))
+        window_step = rider.work
+        live = WindowStep(window_step.step, tuple(c for c in window_step.chunks if not c.req.finished()))
+        log.warning("%d window chunks queued for a decode forward that did not run; running them alone",
+                    len(live.chunks))
+        if live.chunks:
+            finish_step(live, run_window_chunks(scheduler, live.chunks))
 
 
 def around_get_next_decode_batch(original: Callable, scheduler: Any, running_batch: Any, *args: Any,
@@ -259,20 +275,21 @@ def around_get_next_decode_batch(original: Callable, scheduler: Any, running_bat
     if settings is None:
         return plan
     _run_unridden(scheduler)
+    recompute_fallback_prefixes(scheduler)
     batch = plan.batch_to_run
     decode = batch if batch is not None and batch.forward_mode.is_decode() else None
-    chunks = plan_window_step(scheduler, list(decode.reqs) if decode is not None else [], settings)
-    if not chunks:
+    window_step = plan_window_step(scheduler, list(decode.reqs) if decode is not None else [], settings)
+    if window_step is None:
         return plan
     if decode is not None:
         from .reference_forward import ride_next_decode
 
-        forward_batch = window_forward_batch(scheduler, chunks)
+        forward_batch = window_forward_batch(scheduler, window_step.chunks)
         ride_next_decode(forward_batch,
-                         lambda logits: finish_chunks(scheduler, chunks, sample_window(scheduler, forward_batch, logits)),
-                         work=chunks)
+                         lambda logits: finish_step(window_step, sample_window(scheduler, forward_batch, logits)),
+                         work=window_step)
         return plan
-    if finish_chunks(scheduler, chunks, run_window_chunks(scheduler, chunks)) and batch is None:
+    if finish_step(window_step, run_window_chunks(scheduler, window_step.chunks)) and batch is None:
         return original(scheduler, plan.running_batch, *args, **kwargs)
     return plan
 
