@@ -253,7 +253,8 @@ def _exact_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dic
         rcs.append(manager.send_kvcache("local", p_contiguous[start:start + 1], d_args.kv_data_ptrs,
                                         d_contiguous[start:start + 1], None, d_args.kv_layer_ids))
     registration = types.SimpleNamespace(dst_state_data_ptrs=d_args.state_data_ptrs,
-                                         dst_state_layer_ids=d_args.state_layer_ids)
+                                         dst_state_layer_ids=d_args.state_layer_ids,
+                                         dst_state_item_lens=d_args.state_item_lens)
     request = types.SimpleNamespace(dst_state_indices=d_state, mooncake_session_id="local", room=ROOM,
                                     decode_prefix_len=0)
     rcs.append(manager.maybe_send_extra(request, p_state, None, registration))
@@ -400,6 +401,8 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
                 result["manifest_bytes"] = variant.manifest(row_format).total_bytes
                 (production if path == "production" else exact)[semantics] = result
 
+        speculating = _speculative_decode_send(cfg, kv_layout, p_pool, p_pages, d_pages, split, config_dir, rows)
+
         asym_split = SplitPlan(cfg, n, window, "asym")
         asym_plan = [[s.buffer_list, [e.name for e in s.entries], list(s.indices)]
                      for s in pp.asym_send_entries(p_pool, p_pages, asym_split)]
@@ -422,9 +425,30 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
             "short_plan": len(short_plan),
             "production": production,
             "exact": exact,
+            "speculating": speculating,
             "sglang_fp4_table": _sglang_fp4_table(),
             "v4_readback": v4_readback,
         }
+
+
+def _speculative_decode_send(cfg, kv_layout, p_pool, p_pages, d_pages, split, config_dir: str, rows: dict) -> dict:
+    """The exact-payload manager into a decode pool built as SGLang builds it for a server that speculates
+    (--speculative-num-draft-tokens 6: its ratio-2 pair ring has 8 rows per request, P's has 2)."""
+    from unittest import mock
+
+    from sglang.srt.mem_cache import deepseek_v4_memory_pool as v4_pool
+
+    from sglang_asym.sglang_plugin.kv_pool import build_kv_pool
+
+    with mock.patch.object(v4_pool, "resolve_compress_state_ring_size",
+                           lambda ratio: v4_pool.get_compress_state_ring_size(ratio, 6)):
+        d_pool = build_kv_pool(cfg, full_tokens=2048, swa_tokens=1024, max_reqs=4, kv_layout=kv_layout)
+    result = _exact_send(p_pool, p_pages, d_pool, d_pages, split, config_dir)
+    back = result.pop("back")
+    result["back_equal"] = {g: bool(np.array_equal(back[g], rows[g])) for g in back}
+    result["ring_rows"] = [sorted({c.ring_size for c in pool.compress_state_pools
+                                   if c is not None and c.request_scoped and c.ratio == 2}) for pool in (p_pool, d_pool)]
+    return result
 
 
 def _v4_readback(cfg, split, pool, pages, rows: dict) -> dict:

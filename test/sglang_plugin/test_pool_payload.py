@@ -123,6 +123,18 @@ def test_the_exact_payload_manager_writes_the_manifest_and_nothing_else(report, 
     assert report["production"][semantics]["bytes"] == {"asym-exact-encoder": 5886976, "asym": 480256}[semantics]
 
 
+def test_a_speculating_decode_peer_gets_the_pending_token_in_its_own_ring_row(report):
+    """A decode server that speculates keeps 8 pair-ring rows per request (SGLang sizes the ring for the
+    draft tokens), P keeps 2. B = 301 is odd: the pending compressor token goes to row (B - 1) mod 8 = 4
+    of D's ring, where D reads it, not to P's row 0; every other group lands as before."""
+    result = report["speculating"]
+    assert result["ring_rows"] == [[2], [8]]
+    assert result["rc"] == [0, 0, 0]
+    groups = {g.name for g in SPLIT.manifest("release").nonempty().groups}
+    assert result["back_equal"] == {g: True for g in groups}
+    assert result["bytes"] == result["room_bytes"] == 1620764
+
+
 # ---- the same payload in SGLang's `v4` pool layout (what it picks on an H200) -----------------------
 
 @pytest.fixture(scope="module")

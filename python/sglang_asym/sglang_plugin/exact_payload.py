@@ -67,10 +67,12 @@ def coalesce(blocks: Sequence[Block]) -> list[Block]:
 
 @dataclass(frozen=True)
 class Registered:
-    """One side's registered entries of one buffer list: base pointers and model layer ids."""
+    """One side's registered entries of one buffer list: base pointers, model layer ids and, where the
+    peer announced them, item lengths (a pair ring's item is one request's whole ring)."""
 
     ptrs: Sequence[int]
     layer_ids: Sequence[int]
+    item_lens: Sequence[int] = ()
 
 
 def _entry_pairs(src: Registered, dst: Registered) -> dict[int, int]:
@@ -79,24 +81,41 @@ def _entry_pairs(src: Registered, dst: Registered) -> dict[int, int]:
     return dict(build_transfer_entry_pairs(list(src.layer_ids), list(dst.layer_ids), len(src.ptrs), len(dst.ptrs)))
 
 
+def _peer_ring_rows(group: RowGroup, dst: Registered, j: int) -> int | None:
+    """Rows per request of the peer's pair ring behind entry j (None: not a ring, or the peer announced
+    no item lengths, so its layout is taken to be ours). A decode peer that speculates keeps a wider
+    ring than the prefill side (SGLang sizes it for the draft tokens), and the pending token goes to
+    the row the peer will read: (B - 1) modulo its own ring size."""
+    if parse_group(group.name).kind is not GroupKind.TAIL or j >= len(dst.item_lens):
+        return None
+    item = int(dst.item_lens[j])
+    if item <= 0 or item % group.row_bytes:
+        raise ExactPayloadError(f"{group.name}: the decode peer's ring item of {item} bytes is not a whole "
+                                f"number of {group.row_bytes}-byte rows")
+    return item // group.row_bytes
+
+
 def group_blocks(pool: Any, split: SplitPlan, group: RowGroup, rows: range, src_pages: RequestPages,
                  dst_pages: RequestPages, src: Registered, dst: Registered) -> list[Block]:
     """The writes that copy `rows` of manifest group `group` from P's pool slots to D's.
 
     Slots are found with P's pool objects for both sides (the two pools share one layout, which
-    SGLang's registration checks); D's address is its registered base of the paired entry plus the
+    SGLang's registration checks, but for the pair ring's rows per request: D's announced item
+    length gives its ring); D's address is its registered base of the paired entry plus the
     same in-buffer offset at D's page."""
     if not rows:
         return []
     src_sites = row_sites(pool, group.name, rows, src_pages, split, group.row_bytes)
-    dst_sites = row_sites(pool, group.name, rows, dst_pages, split, group.row_bytes)
     base = src_sites[0].buffer.data_ptr()
     try:
         i = list(src.ptrs).index(base)
     except ValueError:
         raise ExactPayloadError(f"{group.name}: its pool buffer is not among this server's registered entries"
                                 ) from None
-    dst_base = dst.ptrs[_entry_pairs(src, dst)[i]]
+    j = _entry_pairs(src, dst)[i]
+    dst_sites = row_sites(pool, group.name, rows, dst_pages, split, group.row_bytes,
+                          ring_rows=_peer_ring_rows(group, dst, j))
+    dst_base = dst.ptrs[j]
     stride = src_sites[0].buffer.shape[1]
     blocks = []
     for s, d in zip(src_sites, dst_sites):
@@ -161,6 +180,11 @@ def state_blocks(pool: Any, split: SplitPlan, kinds: Sequence[GroupKind], src_in
             src_req, dst_req = RequestPages((), (), int(src_indices[0])), RequestPages((), (), int(dst_indices[0]))
         blocks += group_blocks(pool, split, group, rows, src_req, dst_req, src, dst)
     return blocks
+
+
+def _announced(per_component: Sequence[Sequence[int]] | None, i: int) -> Sequence[int]:
+    """Component i's item lengths from the peer's registration ([] when it sent none)."""
+    return per_component[i] if per_component is not None and i < len(per_component) else ()
 
 
 # ---- the manager ----------------------------------------------------------------------------
@@ -319,7 +343,8 @@ def exact_manager_class() -> type:
                     blocks += state_blocks(
                         self._asym_pool, state.split, kinds, np.asarray(indices), np.asarray(req.dst_state_indices[i]),
                         Registered(args.state_data_ptrs[i], args.state_layer_ids[i]),
-                        Registered(info.dst_state_data_ptrs[i], info.dst_state_layer_ids[i]))
+                        Registered(info.dst_state_data_ptrs[i], info.dst_state_layer_ids[i],
+                                   _announced(getattr(info, "dst_state_item_lens", None), i)))
             except (ExactPayloadError, PoolPayloadError, RuntimeError) as exc:
                 return self._fail_room(req.room, exc)
             rc = self._write(req.mooncake_session_id, req.room, state, blocks)

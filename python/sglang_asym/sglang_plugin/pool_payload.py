@@ -127,7 +127,10 @@ class Site:
 
 
 def row_sites(pool: Any, group: str, rows: range, pages: RequestPages, split: SplitPlan,
-           row_bytes: int) -> list[Site]:
+           row_bytes: int, ring_rows: int | None = None) -> list[Site]:
+    """Where `rows` of manifest group `group` live for the request at `pages`. `ring_rows`: the pair
+    ring's rows per request where they differ from `pool`'s (the peer's pool, whose layout `pool`
+    otherwise stands in for: a decode peer with speculative decoding keeps a wider ring)."""
     boundary = split.boundary
     gid = parse_group(group)
     kind, layer = gid.kind.value, gid.layer
@@ -138,7 +141,8 @@ def row_sites(pool: Any, group: str, rows: range, pages: RequestPages, split: Sp
         buf = ring.kv_score_buffer.kv_score
         if buf[0].nbytes != row_bytes:
             raise PoolPayloadError(f"{group}: SGLang's ring row is {buf[0].nbytes} bytes, ours {row_bytes}")
-        row = pages.req_pool_idx * ring.ring_size + (boundary - 1) % ring.ring_size
+        ring_size = ring.ring_size if ring_rows is None else ring_rows
+        row = pages.req_pool_idx * ring_size + (boundary - 1) % ring_size
         return [Site(buf.view(torch.uint8), row, ((0, row_bytes),))]
     ratio = pool.compression_ratios[layer]
     if kind == "swa":
