@@ -1,4 +1,5 @@
-"""An in-memory stand-in for PoolRows (sglang_plugin/pool_rows.py) for reference-forward tests without servers."""
+"""Stand-ins for reference-forward tests without servers: PoolRows (sglang_plugin/pool_rows.py) in memory,
+and the ForwardMode predicates the reference forward asks."""
 
 from __future__ import annotations
 
@@ -47,3 +48,23 @@ class MemoryRows:
 
     def write_tail(self, owner, req, token, value):
         self.rows[("tail", owner, req, token)] = value.float().reshape(2, -1).clone()
+
+
+class Mode:
+    """SGLang's ForwardMode as the reference forward asks it ("decode", "extend" or "verify"; as in SGLang, a
+    verify batch is also an extend)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def is_decode(self) -> bool:
+        return self.name == "decode"
+
+    def is_target_verify(self) -> bool:
+        return self.name == "verify"
+
+    def is_extend(self) -> bool:
+        return self.name in ("extend", "verify")
+
+    def is_idle(self) -> bool:
+        return False

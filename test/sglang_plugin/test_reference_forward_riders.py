@@ -18,29 +18,15 @@ from sglang_asym.sglang_plugin import reference_forward
 from sglang_asym.sglang_plugin.reference_forward import (DEFAULT_SEMANTICS, ReferenceForward, RequestRows,
                                                          ride_next_decode, take_unridden)
 
-from .memory_rows import MemoryRows
+from .memory_rows import MemoryRows, Mode
 
 RUNNING, WINDOWED = 0, 1  # req slots: a request decoding, and one whose window is pending
 RUNNING_LEN, WINDOWED_LEN, BOUNDARY = 40, 150, 22  # N = 150 > W = 128: B = 22, P's prefix [0, 22)
 
 
-class _Mode:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def is_decode(self) -> bool:
-        return self.name == "decode"
-
-    def is_extend(self) -> bool:
-        return self.name == "extend"
-
-    def is_idle(self) -> bool:
-        return False
-
-
 def _forward_batch(mode: str, rows: list[RequestRows]) -> SimpleNamespace:
     """The ForwardBatch fields the reference forward reads."""
-    return SimpleNamespace(forward_mode=_Mode(mode), batch_size=len(rows),
+    return SimpleNamespace(forward_mode=Mode(mode), batch_size=len(rows),
                            req_pool_indices=torch.tensor([r.req for r in rows]),
                            extend_seq_lens_cpu=[r.tokens.numel() for r in rows],
                            input_ids=torch.cat([r.tokens for r in rows]),

@@ -123,6 +123,16 @@ class RequestCache:
         keep = min(JOURNAL_TOKENS, values.shape[0])
         self._journal[owner] = (first_pos + values.shape[0] - keep, values[-keep:].clone(), gates[-keep:].clone())
 
+    def pair_input(self, owner: int, token: int) -> torch.Tensor:
+        """Layer owner's journaled compressor (value, gate) of `token`, as a tail holds it: [2, head_dim]."""
+        if owner not in self._journal:
+            raise ValueError(f"layer {owner} has no journaled compressor inputs")
+        first, values, gates = self._journal[owner]
+        if not first <= token < first + values.shape[0]:
+            raise ValueError(f"layer {owner}'s compressor input for token {token} is no longer kept "
+                             f"(journal holds [{first}, {first + values.shape[0]}))")
+        return torch.stack((values[token - first], gates[token - first]))
+
     def truncate(self, pos: int) -> None:
         """Roll back to `pos` tokens (drop a rejected speculative suffix): window rows, compressed rows
         and index keys past it are forgotten and each ratio-2 owner's tail is rebuilt."""
@@ -135,15 +145,15 @@ class RequestCache:
             group = parse_group(name)
             ratio = 1 if group.kind is GroupKind.SWA else cfg.compress_ratios[group.layer]
             rows.truncate(max(min(pos // ratio, rows.end), rows.start))
-        for owner, (first, values, gates) in self._journal.items():
+        for owner in self._journal:
             if pos % 2 == 0:
                 self.set_tail(owner, None)
                 continue
-            if not first <= pos - 1 < first + values.shape[0]:
-                raise ValueError(f"cannot roll back to {pos}: layer {owner}'s compressor input for token {pos - 1} "
-                                 "is no longer kept")
-            i = pos - 1 - first
-            self.set_tail(owner, torch.stack((values[i], gates[i])))
+            try:
+                tail = self.pair_input(owner, pos - 1)
+            except ValueError as exc:
+                raise ValueError(f"cannot roll back to {pos}: {exc}") from None
+            self.set_tail(owner, tail)
         self.pos = pos
 
     def release(self) -> None:

@@ -87,7 +87,8 @@ class RequestRows:
     req: int  # SGLang req_pool_idx
     start: int
     tokens: torch.Tensor
-    prompt_len: int | None  # None: no floors can apply (decode rows)
+    prompt_len: int | None  # None: no floors can apply (decode and verify rows)
+    verify: bool = False  # speculative verify rows: logits of every row, a pending pair kept for every accept end
 
     @property
     def end(self) -> int:
@@ -179,17 +180,20 @@ class ReferenceForward:
         if not rows:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
         decoding = forward_batch.forward_mode.is_decode()
+        verifying = rows[0].verify
         riders = take_unridden() if decoding else []
         ridden = [r for rider in riders for r in rider.rows]
         started = time.perf_counter()
         logits, layers = self.run_rows(rows + ridden)
         self.forwards += 1
-        mode = "mixed" if riders else "decode" if decoding else "extend"
+        mode = "mixed" if riders else "decode" if decoding else "verify" if verifying else "extend"
         log_forward(_FACTS.role, mode, sorted(layers),
                     [(_FACTS.room.get(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
                     decode_rows=len(rows) if decoding else 0)
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
+        if verifying:  # every row's logits, request after request: [sum of rows, V]
+            return LogitsProcessorOutput(next_token_logits=torch.cat(logits).float())
         at = len(rows)
         for rider in riders:
             rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
@@ -197,8 +201,8 @@ class ReferenceForward:
         return LogitsProcessorOutput(next_token_logits=torch.stack(logits[:len(rows)]).float())
 
     def run_rows(self, rows: Sequence[RequestRows]) -> tuple[list[torch.Tensor | None], set[int]]:
-        """Runs the requests' rows over the pool: each request's last-row logits (None in the prefill role)
-        and the layers that ran."""
+        """Runs the requests' rows over the pool: each request's last-row logits (every row's, [rows, V], for
+        verify rows; None in the prefill role) and the layers that ran."""
         logits: dict[int, torch.Tensor | None] = {}
         layers: set[int] = set()
         for phase in phases(rows, self.cfg, self.window, self.semantics):
@@ -223,8 +227,14 @@ class ReferenceForward:
         if mode.is_decode():
             return [RequestRows(req, int(p), input_ids[i:i + 1], None)
                     for i, (req, p) in enumerate(zip(reqs, positions.tolist()))]
+        if mode.is_target_verify():  # the same number of rows per request: the bonus token and the drafts
+            q = int(forward_batch.spec_info.draft_token_num)
+            if input_ids.numel() != q * len(reqs):
+                raise RuntimeError(f"a verify batch of {len(reqs)} requests x {q} rows holds {input_ids.numel()} tokens")
+            return [RequestRows(req, int(positions[i * q]), input_ids[i * q:(i + 1) * q], None, verify=True)
+                    for i, req in enumerate(reqs)]
         if not mode.is_extend():
-            raise NotImplementedError(f"the reference forward runs extend and decode batches, not {mode}")
+            raise NotImplementedError(f"the reference forward runs extend, decode and verify batches, not {mode}")
         missing = [req for req in reqs if req not in _FACTS.prompt_len]
         if missing:
             raise RuntimeError(f"no prompt length for req slots {missing} (the init_new hook did not see them)")
@@ -239,7 +249,8 @@ class ReferenceForward:
         sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
                              max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
         caches = self.model.new_cache_set(sizing)
-        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "last") for _, r, floors in phase]
+        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "all" if r.verify else "last")
+                  for _, r, floors in phase]
         try:
             outputs = self.model.forward_batch(inputs)
             for (_, r, _), item in zip(phase, inputs):
@@ -283,7 +294,12 @@ class ReferenceForward:
             first, last = r.start // ratio, r.end // ratio
             rows.write_compressed("kv", owner, r.req, first, cache.rows(kv_group(owner)).read(first, last))
             rows.write_compressed("index", owner, r.req, first, cache.rows(index_group(owner)).read(first, last))
-            if ratio == 2 and r.end % 2:
+            if ratio == 2 and r.verify:
+                # the accepted length is known only after this forward: each odd one, s < keep <= end, needs
+                # its pending token keep - 1 in the ring (a speculating server's ring has a row for each)
+                for token in range(r.start + r.start % 2, r.end, 2):
+                    rows.write_tail(owner, r.req, token, cache.pair_input(owner, token))
+            elif ratio == 2 and r.end % 2:
                 rows.write_tail(owner, r.req, r.end - 1, cache.tail(owner))
 
 
