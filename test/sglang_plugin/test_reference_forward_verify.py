@@ -47,8 +47,7 @@ def _plain_records(patch: pytest.MonkeyPatch) -> None:
     module's imports need the CPU import stand-ins)."""
     patch.setattr(reference_forward._FACTS, "prompt_len", dict(PROMPTS))
     patch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
-                  SimpleNamespace(LogitsProcessorOutput=lambda next_token_logits: SimpleNamespace(
-                      next_token_logits=next_token_logits)))
+                  SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
 
 
 @pytest.fixture(autouse=True)
