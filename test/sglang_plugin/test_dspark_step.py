@@ -62,8 +62,8 @@ def _batch(mode: str, tokens: list[torch.Tensor], starts: list[int], capture: bo
                             capture_hidden_mode=_Full() if capture else None))
 
 
-def _prefill(model, capture: bool):
-    forward = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, deterministic=True)
+def _prefill(model, capture: bool, deterministic: bool = True):
+    forward = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, deterministic=deterministic)
     tokens = list(_prompts(model.cfg).values())
     out = forward(*_batch("extend", tokens, [0] * len(tokens), capture))
     return forward, out
@@ -115,9 +115,9 @@ class OracleDrafter:
         return Draft(tuple(tokens), torch.zeros(k, 1))
 
 
-def _speculate(model, drafter) -> tuple[dict[int, list[int]], list[int], DraftContexts]:
+def _speculate(model, drafter, deterministic: bool = True) -> tuple[dict[int, list[int]], list[int], DraftContexts]:
     """Prefill with capture, then DSpark steps until every request has NEW_TOKENS: (tokens, accepted lengths)."""
-    forward, out = _prefill(model, capture=True)
+    forward, out = _prefill(model, capture=True, deterministic=deterministic)
     layers = model.cfg.dspark_target_layer_ids
     assert out.hidden_states.shape == (sum(PROMPTS.values()), len(layers) * model.cfg.hidden_size)
     contexts = DraftContexts(drafter, layers)
@@ -143,9 +143,11 @@ def _speculate(model, drafter) -> tuple[dict[int, list[int]], list[int], DraftCo
     return {slot: t[:NEW_TOKENS] for slot, t in tokens.items()}, accepted, contexts
 
 
-def test_with_an_oracle_drafter_every_accept_length_occurs_and_the_tokens_are_plain_greedy(model, plain):
+@pytest.mark.parametrize("deterministic", [True, False], ids=["verify-by-row", "verify-in-one-forward"])
+def test_with_an_oracle_drafter_every_accept_length_occurs_and_the_tokens_are_plain_greedy(model, plain, deterministic):
+    """Both ways of running the verify rows (fp32: one forward of 1 + k rows rounds too little to flip these)."""
     sequences = {slot: _prompts(model.cfg)[slot].tolist() + plain[slot] for slot in PROMPTS}
-    tokens, accepted, _ = _speculate(model, OracleDrafter(sequences, spoil=(0, 1, 2, 3, 3)))
+    tokens, accepted, _ = _speculate(model, OracleDrafter(sequences, spoil=(0, 1, 2, 3, 3)), deterministic)
     assert tokens == plain
     assert set(accepted) == set(range(K + 1))
 

@@ -22,7 +22,10 @@ A decode forward also runs
 the rows of any extend batch queued to ride along (`ride_next_decode`: D's window chunks in a mixed
 step) and hands their logits to the rider.
 With SGLang's --enable-deterministic-inference (deterministic.py) step 3 runs every request's piece as
-a forward of its own, so a request's logits do not depend on what else is in the batch.
+a forward of its own, so a request's logits do not depend on what else is in the batch, and a verify
+batch's rows one row per forward: a forward of 1 + k rows rounds otherwise than 1 + k one-row decode steps
+(bf16 matmuls of another shape), which can flip an argmax, so only this way do speculative greedy tokens
+equal the same server's without speculation.
 """
 
 from __future__ import annotations
@@ -105,12 +108,16 @@ def _floors(cfg: V41Config, prompt_len: int, window: int, semantics: Semantics) 
     return split.boundary, tuple(sorted(split.swa_floors().items()))
 
 
-def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, window_chunk: int
-           ) -> list[tuple[RequestRows, dict[int, int]]]:
+def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, window_chunk: int,
+           verify_by_row: bool = False) -> list[tuple[RequestRows, dict[int, int]]]:
     """One request's rows as (rows, floors) forwards: rows before B = max(N - W, 0) in one piece without
     floors, rows from B on with the floors in pieces on the grid B + k * window_chunk, the chunks the
-    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it."""
-    if r.prompt_len is None:  # decode rows
+    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it.
+    With `verify_by_row`, verify rows run one row per forward (as one-row decode steps compute them)."""
+    if r.verify and verify_by_row:
+        return [(RequestRows(r.req, r.start + j, r.tokens[j:j + 1], None, verify=True), {})
+                for j in range(r.tokens.numel())]
+    if r.prompt_len is None:  # decode and verify rows
         return [(r, {})]
     boundary, floors = _floors(cfg, r.prompt_len, window, semantics)
     if r.end <= boundary:
@@ -126,9 +133,10 @@ def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, wi
 
 
 def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: Semantics,
-           window_chunk: int = DEFAULT_WINDOW_CHUNK) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
+           window_chunk: int = DEFAULT_WINDOW_CHUNK, verify_by_row: bool = False
+           ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
     """(index, rows, floors) per forward: phase k runs the k-th piece of every request that has one."""
-    split = [pieces(r, cfg, window, semantics, window_chunk) for r in rows]
+    split = [pieces(r, cfg, window, semantics, window_chunk, verify_by_row) for r in rows]
     depth = max(len(p) for p in split)
     return [[(i, *p[k]) for i, p in enumerate(split) if k < len(p)] for k in range(depth)]
 
@@ -223,15 +231,21 @@ class ReferenceForward:
         verify rows; None in the prefill role), the layers that ran, and with `capture` each request's
         captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
         logits: dict[int, torch.Tensor | None] = {}
+        verify_logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
         captured: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
         layers: set[int] = set()
-        for phase in phases(rows, self.cfg, self.window, self.semantics):
+        for phase in phases(rows, self.cfg, self.window, self.semantics, verify_by_row=self.deterministic):
             for group in self.forward_groups(phase):
-                for (i, _, _), (out, features) in zip(group, self._run(group, capture)):
+                for (i, r, _), (out, features) in zip(group, self._run(group, capture)):
                     logits[i] = out  # a request's last piece has the logits that count
+                    if r.verify and out is not None:  # ... except verify rows': every piece's rows count
+                        verify_logits[i].append(out)
                     if capture:
                         captured[i].append(torch.cat([features[layer] for layer in capture], dim=-1))
                 layers.update(self.model.layers_run)
+        for i, parts in verify_logits.items():
+            if parts:
+                logits[i] = torch.cat(parts)
         features = [torch.cat(captured[i]) for i in range(len(rows))] if capture else []
         return [logits[i] for i in range(len(rows))], layers, features
 
