@@ -922,6 +922,9 @@ def cpu_patches() -> dict:
 # Lines of SGLang's code the asymmetric hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
 # decode_destinations.py), by the function that holds them.
 ASYM_RELIED_ON = {
+    # asym_registration.no_symmetric_dspark_layout: the layout every KV manager announces at the handshake
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__": [
+        "self.dsv41_spec_layout = get_dsv41_spec_layout(args)"],
     "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req": [
         "decode_req.req.output_ids.append(committed_output_id)"],
     "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": [
@@ -1040,6 +1043,7 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.maybe_send_extra",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker",
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager._state_stride_mismatch",
     "sglang.srt.disaggregation.utils.build_transfer_entry_pairs",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric",
     "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer",
