@@ -11,8 +11,10 @@ per step, so it can be tested against the reference forward without servers:
             equal to the target's argmax, then the target's argmax after it (the new bonus token);
   commit    each request's drafter context takes the verify rows' features and rolls back to the
             committed length seq_len + accepted + 1.
-The emitted tokens are what plain greedy decoding emits, whatever the drafts are: the drafts only decide
-how many tokens a step emits. A request without a drafter context that continues at seq_len (a request
+The emitted tokens are what greedy decoding emits over the same verify forwards, whatever the drafts are:
+the drafts only decide how many tokens a step emits. (A verify forward of 1 + k rows can round otherwise
+than 1 + k one-row decode steps; with the rows run one per forward, --enable-deterministic-inference,
+they are plain greedy decoding's tokens bit for bit.) A request without a drafter context that continues at seq_len (a request
 SGLang placed without showing this worker its prompt's forward) drafts the bonus token repeated, and its
 context starts from the verify rows' features.
 """
