@@ -12,8 +12,8 @@ Launcher:
                         template instead of DeepSeek's reference encoder, which cannot encode for it
   TokenizerManager._validate_one_request         AROUND   refuse token ids outside the model's vocabulary
                         with a 400 (SGLang does not check them, and one would crash the scheduler); under
-                        --speculative-algorithm DSPARK also sampled (non-greedy) requests: the CPU engine's
-                        DSpark worker verifies drafts by argmax (dspark_worker.py)
+                        --speculative-algorithm DSPARK also sampled (non-greedy) and constrained (grammar)
+                        requests: the CPU engine's DSpark worker verifies drafts by argmax (dspark_worker.py)
   speculative_hook._handle_dspark                AROUND   SGLang refuses DSpark on any device but cuda / npu /
                         xpu before asking the platform; on this platform (which serves it, cpu_platform.py) its
                         checks run with that one gate passed, and overlap scheduling is turned off as SGLang
@@ -112,8 +112,12 @@ def around_resolve_chat_encoding_spec(original: Callable, *args: Any, **kwargs: 
     return spec
 
 
+CONSTRAINED_DECODING_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
 def refuse_sampled_speculation(manager: Any, obj: Any) -> None:
-    """A 400 for a sampled request to a DSpark server: the CPU engine's DSpark verifies greedily."""
+    """A 400 for a sampled or constrained request to a DSpark server: the CPU engine's DSpark verifies drafts
+    by argmax, without a grammar mask."""
     algorithm = getattr(manager.server_args, "speculative_algorithm", None)
     if algorithm is None or str(getattr(algorithm, "name", algorithm)).upper() != "DSPARK":
         return
@@ -123,6 +127,10 @@ def refuse_sampled_speculation(manager: Any, obj: Any) -> None:
         if not (temperature == 0 or top_k == 1):
             raise ValueError("speculative decoding (DSPARK) on sglang-asym's CPU engine serves greedy requests only: "
                              f"send temperature 0 (got temperature {temperature}, top_k {top_k})")
+        constrained = [name for name in CONSTRAINED_DECODING_PARAMS if params.get(name) is not None]
+        if constrained:
+            raise ValueError("speculative decoding (DSPARK) on sglang-asym's CPU engine does not serve constrained "
+                             f"decoding ({', '.join(constrained)})")
 
 
 def around_validate_one_request(original: Callable, manager: Any, obj: Any, input_ids: Any, *args: Any,
