@@ -823,6 +823,51 @@ def weights(checkpoint: str) -> dict:
             "dropped_are_zero": all(not ours[n].any() for n in dropped)}
 
 
+# What the CPU engine's DSpark (cpu_platform.py, dspark_worker.py, the DSpark entries of cpu_patches.py)
+# relies on in SGLang: lines, by the function that holds them, and the signatures it calls.
+DSPARK_RELIED_ON = {
+    # the platform's worker replaces SGLang's
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker": [
+        "platform_worker_cls = self.get_platform_worker_cls()", "return platform_worker_cls"],
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.get_platform_worker_cls": [
+        "return current_platform.get_speculative_worker_cls(algorithm=self.name)"],
+    # the verify window's slots come from the platform's function
+    "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_func": [
+        "platform_fn = _get_oot_speculative_cache_locs_fn()"],
+    # the one device gate around_handle_dspark passes, read from the resolved device
+    "sglang.srt.arg_groups.speculative_hook._handle_dspark": [
+        "cfg = resolving_view(server_args)", 'if not cfg.device.startswith(("cuda", "npu", "xpu")):'],
+    "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu": [
+        'if cfg.device != "cpu" or cfg.disable_overlap_schedule:'],
+    # the two slot helpers a speculative step's allocation calls by their module names
+    "sglang.srt.mem_cache.allocation.alloc_for_spec_decode": [
+        "last_loc = get_last_loc(", "assign_req_to_token_pool_func("],
+}
+DSPARK_SIGNATURES = (
+    "sglang.srt.speculative.dspark_components.dspark_planner.alloc_verify_window",
+    "sglang.srt.speculative.dspark_components.dspark_draft.make_next_draft_input",
+    "sglang.srt.speculative.dflash_info.DFlashVerifyInput.prepare_for_verify",
+    "sglang.srt.layers.logprob_processor.compute_spec_logprobs",
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+    "sglang.srt.platforms.interface.SRTPlatform.get_speculative_cache_locs_fn",
+    "sglang.srt.platforms.interface.SRTPlatform.get_speculative_worker_cls",
+    "sglang.srt.platforms.interface.SRTPlatform.supports_speculative_algorithm",
+)
+
+
+def _dspark_relied_on() -> dict:
+    import inspect
+    import pkgutil
+
+    def resolve(target):
+        owner, attr = target.rsplit(".", 1)
+        return getattr(pkgutil.resolve_name(owner), attr)
+
+    return {"dspark_signatures": {t: list(inspect.signature(resolve(t)).parameters) for t in DSPARK_SIGNATURES},
+            "dspark_missing_lines": {t: [line for line in lines if line not in inspect.getsource(resolve(t))]
+                                     for t, lines in DSPARK_RELIED_ON.items()}}
+
+
 def cpu_patches() -> dict:
     """Every CPU_PATCHES target as the pinned SGLang has it (signature, or the attribute's value), and
     whether HookRegistry applied each one in this process; the platform's entry point and class."""
@@ -858,7 +903,15 @@ def cpu_patches() -> dict:
     from sglang_asym.sglang_plugin.cpu_platform import activate
     from sglang.srt.platforms import current_platform
 
-    return {"targets": targets, "applied": sorted(t for t in HookRegistry._patched),
+    from sglang_asym.sglang_plugin.spec_slots import speculative_cache_locs
+
+    speculative = {"supports": [a for a in ("DSPARK", "EAGLE", "NGRAM", "DFLASH")
+                                if current_platform.supports_speculative_algorithm(a)],
+                   "worker": getattr(current_platform.get_speculative_worker_cls("DSPARK"), "__qualname__", None),
+                   "eagle_worker": current_platform.get_speculative_worker_cls("EAGLE"),
+                   "torch_cache_locs": current_platform.get_speculative_cache_locs_fn() is speculative_cache_locs}
+    return {**_dspark_relied_on(), "speculative": speculative,
+            "targets": targets, "applied": sorted(t for t in HookRegistry._patched),
             "attributes_now": {p.target: getattr(getattr(importlib.import_module(p.target.rsplit(".", 2)[0]),
                                                          p.target.rsplit(".", 2)[1]), p.target.rsplit(".", 1)[1])
                                for p in cp.CPU_PATCHES if p.kind == "ATTRIBUTE"},
@@ -869,6 +922,9 @@ def cpu_patches() -> dict:
 # Lines of SGLang's code the asymmetric hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
 # decode_destinations.py), by the function that holds them.
 ASYM_RELIED_ON = {
+    # asym_registration.no_symmetric_dspark_layout: the layout every KV manager announces at the handshake
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__": [
+        "self.dsv41_spec_layout = get_dsv41_spec_layout(args)"],
     "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req": [
         "decode_req.req.output_ids.append(committed_output_id)"],
     "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run": [
@@ -987,6 +1043,7 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.maybe_send_extra",
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.transfer_worker",
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager._state_stride_mismatch",
     "sglang.srt.disaggregation.utils.build_transfer_entry_pairs",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric",
     "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer",

@@ -20,6 +20,7 @@ EXPECTED_SIGNATURES = {
     "sglang.srt.disaggregation.utils.setup_state_kv_args":
         ["kv_args", "token_to_kv_pool", "draft_token_to_kv_pool", "total_kv_layers", "req_to_token_pool"],
     "sglang.srt.disaggregation.utils.get_kv_class": ["transfer_backend", "class_type"],
+    "sglang.srt.disaggregation.common.conn.get_dsv41_spec_layout": ["kv_args"],
     f"{PREFILL}.PrefillBootstrapQueue.add": ["self", "req", "num_kv_heads"],
     f"{PREFILL}.PrefillBootstrapQueue.can_prefill_before_bootstrap": ["self", "req"],
     f"{PREFILL}.PrefillBootstrapQueue.pop_bootstrapped": ["self"],
@@ -71,6 +72,8 @@ EXPECTED_SIGNATURES = {
     f"{MOONCAKE}.maybe_send_extra": ["self", "req", "prefill_state_indices", "executor",
                                      "target_rank_registration_info"],
     f"{MOONCAKE}.transfer_worker": ["self", "queue", "executor", "staging_buffer", "worker_index"],
+    f"{MOONCAKE}._state_stride_mismatch": ["self", "src_data_ptrs", "dst_data_ptrs", "item_lens", "dst_item_lens",
+                                           "state_type", "force_flat", "src_layer_ids", "dst_layer_ids"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.get_transfer_metric": ["self"],
     # room_lifecycle.py's overrides on P's exact-payload manager and sender
     "sglang.srt.disaggregation.common.conn.CommonKVManager.conclude_transfer":

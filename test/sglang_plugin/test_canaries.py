@@ -56,6 +56,7 @@ def test_every_hooked_symbol_has_a_canary():
     assert [t for t, _, _ in hooks.scheduler_hook_table()] == [
         "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.setup_state_kv_args",
         "sglang.srt.disaggregation.utils.get_kv_class",
+        "sglang.srt.disaggregation.common.conn.get_dsv41_spec_layout",
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add",
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap",
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",

@@ -37,6 +37,28 @@ EXPECTED_TARGETS = {
     "sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM._prewarm_mhc_kernels": {"params": ["self"]},
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk":
         {"params": ["self", "req", "allow_send"]},
+    "sglang.srt.arg_groups.speculative_hook._handle_dspark": {"params": ["server_args"]},
+    "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func":
+        {"params": ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "out_cache_loc", "batch_size"]},
+    "sglang.srt.mem_cache.allocation.get_last_loc":
+        {"params": ["req_to_token", "req_pool_indices_tensor", "prefix_lens_tensor"]},
+}
+# What the CPU engine's DSpark worker (dspark_worker.py) and the platform's speculative answers call in SGLang
+DSPARK_SIGNATURES = {
+    "sglang.srt.speculative.dspark_components.dspark_planner.alloc_verify_window":
+        ["batch", "bs", "device", "verify_num_draft_tokens", "block_pos_offsets", "model_runner", "seq_lens_cpu",
+         "bonus", "anchor_ids"],
+    "sglang.srt.speculative.dspark_components.dspark_draft.make_next_draft_input": ["bonus_tokens", "new_seq_lens"],
+    "sglang.srt.speculative.dflash_info.DFlashVerifyInput.prepare_for_verify":
+        ["self", "batch", "target_worker", "defer_metadata_init"],
+    "sglang.srt.layers.logprob_processor.compute_spec_logprobs":
+        ["batch", "logits_output", "predict", "accept_index", "chain_stride"],
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation":
+        ["self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify", "skip_attn_backend_init",
+         "capture_hidden_mode", "return_kv_loc_plan"],
+    "sglang.srt.platforms.interface.SRTPlatform.get_speculative_cache_locs_fn": ["self"],
+    "sglang.srt.platforms.interface.SRTPlatform.get_speculative_worker_cls": ["self", "algorithm"],
+    "sglang.srt.platforms.interface.SRTPlatform.supports_speculative_algorithm": ["self", "algorithm"],
 }
 
 
@@ -77,3 +99,14 @@ def test_the_reference_model_from_sglangs_parameters_equals_the_checkpoint(tmp_p
     assert report["same_keys"] and report["num_differing"] == 0, report["differing"]
     assert report["compared"] == 2838
     assert (report["dropped"], report["dropped_are_zero"]) == (40, True)  # gate.bias_vl: vision routing only
+
+
+def test_what_the_dspark_worker_relies_on_is_as_pinned(patches):
+    assert patches["dspark_missing_lines"] == {t: [] for t in patches["dspark_missing_lines"]}
+    assert len(patches["dspark_missing_lines"]) == 6
+    assert patches["dspark_signatures"] == DSPARK_SIGNATURES
+
+
+def test_the_platform_serves_dspark_and_nothing_else(patches):
+    assert patches["speculative"] == {"supports": ["DSPARK"], "worker": "AsymDSparkWorker", "eagle_worker": None,
+                                      "torch_cache_locs": True}

@@ -17,6 +17,7 @@ ASYM_TARGETS = [
 CPU_LAUNCHER_TARGETS = [
     "sglang.srt.entrypoints.openai.chat_encoding.resolve_chat_encoding_spec",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+    "sglang.srt.arg_groups.speculative_hook._handle_dspark",
 ]
 
 
@@ -36,6 +37,7 @@ def test_entry_point_registers_and_applies_every_hook(driver_report):
         ASYM_TARGETS[3]: [["AFTER", "sglang_asym", "sglang-asym"]],
         CPU_LAUNCHER_TARGETS[0]: [["AROUND", "sglang_asym", "sglang-asym"]],
         CPU_LAUNCHER_TARGETS[1]: [["AROUND", "sglang_asym", "sglang-asym"]],
+        CPU_LAUNCHER_TARGETS[2]: [["AROUND", "sglang_asym", "sglang-asym"]],
     }
     assert driver_report["patched"] == sorted(ASYM_TARGETS + CPU_LAUNCHER_TARGETS)
 

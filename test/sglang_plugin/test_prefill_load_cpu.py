@@ -76,12 +76,12 @@ def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(repo
     before, after = report["patched"]
     assert "sglang.srt.model_loader.loader._initialize_model" not in before
     cpu = {p.target for p in CPU_PATCHES if p.process == SCHEDULER and p.kind != "ATTRIBUTE"}
-    assert len(cpu) == 10
+    assert len(cpu) == 12
     # --enable-deterministic-inference's scheduler patches are installed with them (they act only with the flag)
     cpu |= {p.target for p in DETERMINISTIC_PATCHES if p.process == SCHEDULER}
-    assert len(cpu) == 12
+    assert len(cpu) == 14
     asym = {target for target, _, _ in hooks.scheduler_hook_table()}
-    assert len(asym) == 20 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
+    assert len(asym) == 21 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
     assert sorted(set(after) - set(before)) == sorted(asym | cpu)
 
 

@@ -34,12 +34,12 @@ def _serve(model, deterministic_mode: bool, batched: bool) -> list[torch.Tensor]
     if batched:
         prompts.update({slot: prompt(model.cfg, n, 10 + slot) for slot, n in OTHERS.items()})
     extend = [RequestRows(slot, 0, tokens, tokens.numel()) for slot, tokens in prompts.items()]
-    logits, _ = forward.run_rows(extend)
+    logits, _, _ = forward.run_rows(extend)
     seen = [logits[0]]
     for step in range(DECODE_STEPS):
         decode = [RequestRows(slot, tokens.numel() + step, torch.tensor([int(out.argmax())]), None)
                   for (slot, tokens), out in zip(prompts.items(), logits)]
-        logits, _ = forward.run_rows(decode)
+        logits, _, _ = forward.run_rows(decode)
         seen.append(logits[0])
     return seen
 

@@ -44,8 +44,7 @@ def prompt_lengths(monkeypatch):
     module's imports need the CPU import stand-ins, which change sys.meta_path for the whole process)."""
     monkeypatch.setattr(reference_forward._FACTS, "prompt_len", {RUNNING: RUNNING_LEN, WINDOWED: WINDOWED_LEN})
     monkeypatch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
-                        SimpleNamespace(LogitsProcessorOutput=lambda next_token_logits: SimpleNamespace(
-                            next_token_logits=next_token_logits)))
+                        SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
     take_unridden()
     yield
     assert take_unridden() == []
@@ -72,8 +71,8 @@ def test_a_window_chunk_riding_in_a_decode_forward_computes_what_two_forwards_co
     assert forward.forwards == 1 and len(ridden) == 1
 
     alone, separate_rows, decode, chunk = _started(model)
-    chunk_logits, _ = alone.run_rows([chunk])
-    decode_logits, _ = alone.run_rows([decode])
+    chunk_logits, _, _ = alone.run_rows([chunk])
+    decode_logits, _, _ = alone.run_rows([decode])
 
     assert out.next_token_logits.shape == (1, model.cfg.vocab_size)
     assert torch.equal(out.next_token_logits[0], decode_logits[0].float())

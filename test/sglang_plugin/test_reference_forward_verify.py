@@ -47,8 +47,7 @@ def _plain_records(patch: pytest.MonkeyPatch) -> None:
     module's imports need the CPU import stand-ins)."""
     patch.setattr(reference_forward._FACTS, "prompt_len", dict(PROMPTS))
     patch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
-                  SimpleNamespace(LogitsProcessorOutput=lambda next_token_logits: SimpleNamespace(
-                      next_token_logits=next_token_logits)))
+                  SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
 
 
 @pytest.fixture(autouse=True)
@@ -61,9 +60,9 @@ def _sequences(cfg) -> dict[int, torch.Tensor]:
     return {req: prompt(cfg, n + ROWS + 1, seed=req + 3) for req, n in PROMPTS.items()}
 
 
-def _prefilled(model) -> tuple[ReferenceForward, MemoryRows]:
+def _prefilled(model, deterministic: bool = False) -> tuple[ReferenceForward, MemoryRows]:
     rows = MemoryRows(model.cfg)
-    forward = ReferenceForward(model, rows, DEFAULT_SEMANTICS, deterministic=True)
+    forward = ReferenceForward(model, rows, DEFAULT_SEMANTICS, deterministic=deterministic)
     for req, tokens in _sequences(model.cfg).items():
         forward.run_rows([RequestRows(req, 0, tokens[:PROMPTS[req]], PROMPTS[req])])
     return forward, rows
@@ -79,13 +78,13 @@ def plain(model) -> dict[int, list[torch.Tensor]]:
     """One-row decode logits at positions n .. n + ROWS of each request (plain decoding, no drafts)."""
     with pytest.MonkeyPatch.context() as patch:
         _plain_records(patch)
-        forward, _ = _prefilled(model)
+        forward, _ = _prefilled(model, deterministic=True)
         return {req: [_decode(forward, req, n + j, int(tokens[n + j])) for j in range(ROWS + 1)]
                 for (req, tokens), n in zip(_sequences(model.cfg).items(), PROMPTS.values())}
 
 
-def _verified(model) -> tuple[ReferenceForward, MemoryRows, torch.Tensor]:
-    forward, rows = _prefilled(model)
+def _verified(model, deterministic: bool = False) -> tuple[ReferenceForward, MemoryRows, torch.Tensor]:
+    forward, rows = _prefilled(model, deterministic)
     verify = [RequestRows(req, PROMPTS[req], tokens[PROMPTS[req]:PROMPTS[req] + ROWS], None)
               for req, tokens in _sequences(model.cfg).items()]
     return forward, rows, forward(*_batch("verify", verify)).next_token_logits
@@ -99,6 +98,14 @@ def test_a_verify_batch_gives_every_rows_logits_as_one_row_decode_steps_do(model
             row = logits[i * ROWS + j]
             assert int(row.argmax()) == int(plain[req][j].argmax()), (req, j)
             assert float((row - plain[req][j]).abs().max()) < TOLERANCE, (req, j)
+
+
+def test_deterministic_inference_verifies_row_by_row_exactly_as_one_row_decode_steps(model, plain):
+    """--enable-deterministic-inference: each verify row is a forward of its own, bit for bit a decode step."""
+    _, _, logits = _verified(model, deterministic=True)
+    for i, req in enumerate(PROMPTS):
+        for j in range(ROWS):
+            assert torch.equal(logits[i * ROWS + j], plain[req][j].float()), (req, j)
 
 
 @pytest.mark.parametrize("accepted", range(ROWS))

@@ -28,6 +28,9 @@ the running batch's decode forward, one forward holding both (reference_forward.
 the running requests decode in every iteration and each forward's rows stay within the token budget.
 With no decode batch to ride, the chunks run as an EXTEND forward of their own (window_batch.py); a
 window completed that way is merged at once, so the request decodes in the same iteration.
+Under speculative decoding (--speculative-algorithm DSPARK, dspark_worker.py) the running batch's forward is
+a TARGET_VERIFY forward, which takes no riders: the chunks always run as their own EXTEND, through the
+speculative worker, which also hands the window's features to the drafter (its context is the window).
 """
 
 from __future__ import annotations
@@ -268,8 +271,9 @@ def _run_unridden(scheduler: Any) -> None:
 def around_get_next_decode_batch(original: Callable, scheduler: Any, running_batch: Any, *args: Any,
                                  **kwargs: Any) -> Any:
     """After SGLang picked this iteration's decode batch, the window step: its chunks ride in that decode
-    forward (one mixed forward); with no decode forward to ride they run as a forward of their own, and if
-    that completed a window, SGLang schedules again so the request decodes in this same iteration."""
+    forward (one mixed forward); with no decode forward to ride (or a speculative one) they run as a forward
+    of their own, and if that completed a window, SGLang schedules again so the request decodes in this same
+    iteration."""
     settings = _settings()
     plan = original(scheduler, running_batch, *args, **kwargs)
     if settings is None:
@@ -281,7 +285,7 @@ def around_get_next_decode_batch(original: Callable, scheduler: Any, running_bat
     window_step = plan_window_step(scheduler, list(decode.reqs) if decode is not None else [], settings)
     if window_step is None:
         return plan
-    if decode is not None:
+    if decode is not None and scheduler.spec_algorithm.is_none():
         from .reference_forward import ride_next_decode
 
         forward_batch = window_forward_batch(scheduler, window_step.chunks)

@@ -8,6 +8,11 @@ entries with its decode peer's by position. An asymmetric pair instead
   buffer (all of them are KV sources the split ships), the pair rings, and the SWA buffers of the
   encoder layers when the semantics ships their window rows (none for `asym`). The SWA component
   stays in place, possibly empty, because SGLang matches state components by position.
+SGLang's symmetric DSpark PD layout check (`get_dsv41_spec_layout`, compared at the handshake) does not
+apply: it asks for a draft SWA component and equal speculative settings on both sides, because a
+symmetric DSpark P ships the draft KV too. An asymmetric P ships no draft state and never speculates, and
+an asym-decode D that speculates drafts from its own window (dspark_worker.py), so both roles announce no
+such layout (`no_symmetric_dspark_layout`).
 With requests cut to B = N - W on the prefill side, SGLang's own per-request indices (pages covering
 [0, B), the window pages below B, the ring of an odd B) then make `send_kvcache` and
 `maybe_send_extra` move exactly the manifest's entries (test_pool_payload.py checks it on CPU).
@@ -81,3 +86,8 @@ def apply_asym_registration(kv_args: Any, pool: Any, cfg: V41Config, settings: A
         if len(ring_layers) != len(kv_args.state_data_ptrs[rings]):
             raise AsymRegistrationError("KVArgs' request-state entries are not the pool's pair rings")
         kv_args.state_layer_ids[rings] = ring_layers
+
+
+def no_symmetric_dspark_layout(kv_args: Any) -> None:
+    """Replaces SGLang's get_dsv41_spec_layout in an asymmetric server (see the module docstring)."""
+    return None

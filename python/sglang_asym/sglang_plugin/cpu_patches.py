@@ -11,7 +11,13 @@ Launcher:
                         chat special tokens (the small generated checkpoints) keeps its own chat
                         template instead of DeepSeek's reference encoder, which cannot encode for it
   TokenizerManager._validate_one_request         AROUND   refuse token ids outside the model's vocabulary
-                        with a 400 (SGLang does not check them, and one would crash the scheduler)
+                        with a 400 (SGLang does not check them, and one would crash the scheduler); under
+                        --speculative-algorithm DSPARK also sampled (non-greedy) and constrained (grammar)
+                        requests: the CPU engine's DSpark worker verifies drafts by argmax (dspark_worker.py)
+  speculative_hook._handle_dspark                AROUND   SGLang refuses DSpark on any device but cuda / npu /
+                        xpu before asking the platform; on this platform (which serves it, cpu_platform.py) its
+                        checks run with that one gate passed, and overlap scheduling is turned off as SGLang
+                        does for EAGLE and NGRAM on CPU (_disable_overlap_schedule_for_cpu)
 Scheduler:
   kv_cache_configurator.reject_out_of_tree_path  AROUND   let the DeepSeek-V4 KV pool be built on this
                         platform: it is plain torch tensors on "cpu" (every other refusal stays)
@@ -32,6 +38,11 @@ Scheduler:
                         branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none
                         (the model's rope objects are built, never run: the reference forward ropes)
   DeepseekV4ForCausalLM._prewarm_mhc_kernels     REPLACE  no JIT prewarm of CUDA mHC kernels
+  allocation.assign_req_to_token_pool_func       REPLACE  torch (spec_slots.py): SGLang's Triton kernel, or
+                        its in-tree CPU engine's sgl-kernel op, writes the slots of a speculative decode step
+  allocation.get_last_loc                        REPLACE  SGLang's own get_last_loc_torch: a speculative decode
+                        step's paged allocation asks for each request's last slot through a Triton kernel
+                        unless the attention backend is torch_native (V4.1's is dsv4)
   SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk  AROUND  P's early send of a chunked
                         prompt's computed prefix without a torch.cuda.Event (it raised on CPU, and P's
                         scheduler died at the second chunk of every prompt longer than --chunked-prefill-size):
@@ -101,6 +112,27 @@ def around_resolve_chat_encoding_spec(original: Callable, *args: Any, **kwargs: 
     return spec
 
 
+CONSTRAINED_DECODING_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def refuse_sampled_speculation(manager: Any, obj: Any) -> None:
+    """A 400 for a sampled or constrained request to a DSpark server: the CPU engine's DSpark verifies drafts
+    by argmax, without a grammar mask."""
+    algorithm = getattr(manager.server_args, "speculative_algorithm", None)
+    if algorithm is None or str(getattr(algorithm, "name", algorithm)).upper() != "DSPARK":
+        return
+    sampling = getattr(obj, "sampling_params", None) or {}
+    for params in sampling if isinstance(sampling, list) else [sampling]:
+        temperature, top_k = params.get("temperature", 1.0), params.get("top_k", -1)
+        if not (temperature == 0 or top_k == 1):
+            raise ValueError("speculative decoding (DSPARK) on sglang-asym's CPU engine serves greedy requests only: "
+                             f"send temperature 0 (got temperature {temperature}, top_k {top_k})")
+        constrained = [name for name in CONSTRAINED_DECODING_PARAMS if params.get(name) is not None]
+        if constrained:
+            raise ValueError("speculative decoding (DSPARK) on sglang-asym's CPU engine does not serve constrained "
+                             f"decoding ({', '.join(constrained)})")
+
+
 def around_validate_one_request(original: Callable, manager: Any, obj: Any, input_ids: Any, *args: Any,
                                 **kwargs: Any) -> Any:
     result = original(manager, obj, input_ids, *args, **kwargs)
@@ -108,7 +140,40 @@ def around_validate_one_request(original: Callable, manager: Any, obj: Any, inpu
     for index, token in enumerate(input_ids or ()):
         if not 0 <= int(token) < vocab_size:
             raise ValueError(f"input_ids[{index}] = {int(token)} is outside the model's vocabulary [0, {vocab_size})")
+    refuse_sampled_speculation(manager, obj)
     return result
+
+
+def around_handle_dspark(original: Callable, server_args: Any) -> Any:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.arg_groups.speculative_hook import _disable_overlap_schedule_for_cpu
+    from sglang.srt.platforms import current_platform
+
+    if resolving_view(server_args).device != "cpu" or not current_platform.supports_speculative_algorithm("DSPARK"):
+        return original(server_args)
+    _disable_overlap_schedule_for_cpu(server_args)
+    # the gate reads the resolved device: a declaration that lasts for this call only (the last writer wins)
+    gate = ("sglang_asym:dspark_device_gate", {"device": "cuda"})
+    stash = getattr(server_args, "_resolved_overrides", None)
+    if stash is None:
+        stash = server_args._resolved_overrides = []
+    stash.append(gate)
+    try:
+        return original(server_args)
+    finally:
+        stash[:] = [entry for entry in stash if entry is not gate]
+
+
+def _assign_req_to_token_pool(*args: Any, **kwargs: Any) -> None:
+    from .spec_slots import assign_req_to_token_pool
+
+    assign_req_to_token_pool(*args, **kwargs)
+
+
+def _last_loc_in_torch(*args: Any, **kwargs: Any) -> Any:
+    from sglang.srt.mem_cache.allocation import get_last_loc_torch
+
+    return get_last_loc_torch(*args, **kwargs)
 
 
 def around_reject_out_of_tree_path(original: Callable, platform: Any, *, subsystem: str) -> None:
@@ -181,6 +246,12 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
              around_resolve_chat_encoding_spec, "generated checkpoints chat with their own template", LAUNCHER),
     CpuPatch("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "AROUND",
              around_validate_one_request, "out-of-vocabulary ids get a 400", LAUNCHER),
+    CpuPatch("sglang.srt.arg_groups.speculative_hook._handle_dspark", "AROUND", around_handle_dspark,
+             "DSpark's device gate on this platform", LAUNCHER),
+    CpuPatch("sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", "REPLACE", _assign_req_to_token_pool,
+             "speculative slots written in torch"),
+    CpuPatch("sglang.srt.mem_cache.allocation.get_last_loc", "REPLACE", _last_loc_in_torch,
+             "a speculative step's last slots found in torch"),
     CpuPatch("sglang.srt.mem_cache.kv_cache_configurator.reject_out_of_tree_path", "AROUND",
              around_reject_out_of_tree_path, "build the DeepSeek-V4 pool on CPU"),
     CpuPatch(f"{MEMORY_POOL}.select_dsv4_kv_layout", "REPLACE", select_cpu_kv_layout,

@@ -10,13 +10,14 @@ asked, with no Triton and no device graphs. Being out of tree is what keeps SGLa
 its CUDA fallback kernels (`vllm._custom_ops` in the rotary embedding, the sgl-kernel CPU ops of its
 in-tree CPU engine). What the platform cannot decline through its own interface is patched in
 `cpu_patches.py`; DeepSeek-V4.1's forward is the project's reference model (`reference_forward.py`),
-installed by `post_load_model`.
+installed by `post_load_model`. `--speculative-algorithm DSPARK` runs the platform's speculative worker
+(dspark_worker.py) with torch slot-table helpers (spec_slots.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -29,6 +30,7 @@ from .cpu_engine_mode import PLATFORM_NAME, cpu_engine_selected
 log = logging.getLogger(__name__)
 
 QUALNAME = f"{__name__}.AsymCpuPlatform"
+SPECULATIVE_ALGORITHM = "DSPARK"  # the one speculative algorithm the CPU engine serves (greedy requests)
 
 
 def activate() -> str | None:
@@ -63,6 +65,23 @@ class AsymCpuPlatform(CpuDeviceMixin, SRTPlatform):
         from .cpu_server_defaults import apply_cpu_defaults
 
         apply_cpu_defaults(server_args)
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return algorithm.upper() == SPECULATIVE_ALGORITHM
+
+    def get_speculative_worker_cls(self, algorithm: str) -> type | None:
+        """DSPARK: the project's drafter over the reference forward (dspark_worker.py); SGLang's own
+        workers for anything else (refused earlier by `supports_speculative_algorithm`)."""
+        if algorithm.upper() != SPECULATIVE_ALGORITHM:
+            return None
+        from .dspark_worker import AsymDSparkWorker
+
+        return AsymDSparkWorker
+
+    def get_speculative_cache_locs_fn(self) -> Callable[..., torch.Tensor]:
+        from .spec_slots import speculative_cache_locs
+
+        return speculative_cache_locs
 
     def post_load_model(self, model: torch.nn.Module) -> None:
         from .reference_forward import install_reference_forward

@@ -4,7 +4,9 @@ On a GPU SGLang gets batch invariance from its kernels (a deterministic attentio
 batch-invariant matmuls) and aligns chunked prefills to the attention backend's split tiles. On this
 platform the forward is the project's reference model, so the flag means instead:
 - the reference forward runs every (request, piece) of a batch as a forward of its own, so nothing
-  another request adds to a batch changes a request's sums (`reference_forward.py`);
+  another request adds to a batch changes a request's sums (`reference_forward.py`), and the rows of a
+  speculative verify batch (DSpark, dspark_worker.py) one row per forward, so speculation does not change
+  a greedy request's tokens;
 - a prompt is chunked only at multiples of `--chunked-prefill-size`: the scheduler's
   `truncation_align_size` (SGLang's own deterministic-chunking knob) is set to the chunk size, so a
   request that does not get a whole chunk beside the others waits for the next batch instead of taking

@@ -12,7 +12,10 @@ a room it was told about (`expect_room`, called where P cuts the request) it rep
 Every row goes straight from its slot in P's pool to the same slot of the page SGLang's receiver
 announced in D's pool (one write per contiguous run): no staging extent on either side, no copy on
 D, and D commits the request exactly as before. Bootstrap, status, aux data, failures and aborts
-stay SGLang's; other rooms (health checks' fake transfers) take SGLang's own path. Bytes moved are
+stay SGLang's; other rooms (health checks' fake transfers) take SGLang's own path. A decode peer whose
+pair rings are wider than P's (an asym-decode D that speculates: SGLang sizes its rings for the draft
+tokens) is accepted at registration (`_state_stride_mismatch` exempts the rings, whose rows go to the row
+D reads, by D's announced ring size). Bytes moved are
 counted on /metrics as `sglang_asym:kv_transfer_payload_bytes_total`, which for one request equals
 `SplitPlan.manifest().total_bytes`; the sender subclass makes SGLang's own per-request transfer
 metric (`sglang:kv_transfer_total_mb`) report the same bytes instead of its page-count estimate.
@@ -40,6 +43,9 @@ log = logging.getLogger(__name__)
 POOL_ATTR = "sglang_asym_pool"  # set on P's KVArgs by the registration hook: the pool the rows live in
 # SGLang's state components -> the manifest kinds they carry (kv and index rows go with the pages)
 STATE_GROUP_KINDS = {"SWA": (GroupKind.SWA,), "DSV4_REQUEST_STATE": (GroupKind.TAIL,)}
+
+
+REQUEST_STATE_TYPE = "DSV4_REQUEST_STATE"  # SGLang's StateType of the pair rings
 
 
 class ExactPayloadError(RuntimeError):
@@ -320,6 +326,14 @@ def exact_manager_class() -> type:
             with state.lock:
                 state.chunks += 1
             return self._write(mooncake_session_id, chunk.room, state, blocks)
+
+        def _state_stride_mismatch(self, *, state_type: Any = None, **kwargs: Any) -> str | None:
+            # SGLang addresses a peer's state rows by the prefill's item length and so refuses a peer whose
+            # items differ; the pair rings' rows go through maybe_send_extra below, addressed by the ring size
+            # D announces (a speculating D's ring is wider than P's), so only the rings are exempt
+            if getattr(state_type, "name", None) == REQUEST_STATE_TYPE:
+                return None
+            return super()._state_stride_mismatch(state_type=state_type, **kwargs)
 
         def maybe_send_extra(self, req: Any, prefill_state_indices: list, executor: Any,
                              target_rank_registration_info: Any = None) -> int:

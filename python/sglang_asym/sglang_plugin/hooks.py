@@ -22,6 +22,10 @@ Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_
   disaggregation.utils.get_kv_class
                             AROUND  asym-prefill on Mooncake: the exact-payload KV manager
                                     (exact_payload.py: the manifest's rows and nothing else)
+  disaggregation.common.conn.get_dsv41_spec_layout
+                            REPLACE both roles: no symmetric DSpark PD layout to match at the handshake
+                                    (an asym-decode D that speculates drafts from its own window;
+                                    asym_registration.py)
   disaggregation.prefill.PrefillBootstrapQueue.add
                             AROUND  asym-prefill: cuts each fresh request to its first B = N - W
                                     tokens (prefill_cut.py) before SGLang checks capacity, creates
@@ -67,7 +71,7 @@ from ..config import V41Config
 from . import (asym_decode, cpu_handover, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
                transfer_fallback)
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
-from .asym_registration import apply_asym_registration
+from .asym_registration import apply_asym_registration, no_symmetric_dspark_layout
 from .cli import extend_parser, translate
 from .prefill_cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
 from .prefill_model import install_prefill_loading, truncated_construction
@@ -84,6 +88,7 @@ PREPARE_SERVER_ARGS = f"{SERVER_ARGS}.prepare_server_args"
 PUBLISH = "sglang.srt.runtime_context.publish"
 INITIALIZE_MODEL = "sglang.srt.model_loader.loader._initialize_model"
 SETUP_STATE_KV_ARGS = "sglang.srt.disaggregation.utils.setup_state_kv_args"
+DSPARK_PD_LAYOUT = "sglang.srt.disaggregation.common.conn.get_dsv41_spec_layout"
 GET_KV_CLASS = "sglang.srt.disaggregation.utils.get_kv_class"
 PREFILL_QUEUE_ADD = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add"
 PREFILL_EARLY = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap"
@@ -248,6 +253,7 @@ def scheduler_hook_table() -> tuple[tuple[str, Callable, str], ...]:
         (INITIALIZE_MODEL, around_initialize_model, "AROUND"),
         (SETUP_STATE_KV_ARGS, after_setup_state_kv_args, "AFTER"),
         (GET_KV_CLASS, exact_payload.around_get_kv_class, "AROUND"),
+        (DSPARK_PD_LAYOUT, no_symmetric_dspark_layout, "REPLACE"),
         (PREFILL_QUEUE_ADD, around_prefill_queue_add, "AROUND"),
         (PREFILL_EARLY, prefill_zero.around_can_prefill_before_bootstrap, "AROUND"),
         (PREFILL_POP_BOOTSTRAPPED, prefill_zero.around_pop_bootstrapped, "AROUND"),

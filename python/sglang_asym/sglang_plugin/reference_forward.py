@@ -14,11 +14,18 @@ parameters (sglang_weights.py) and replaces the instance's `forward`. Each call 
    rows from max(0, start - W + 1), every compressed row and index key, the pending compressor
    token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
    request's own slots. The pool's bytes are the only request state; nothing survives a call.
-Returns SGLang's LogitsProcessorOutput with each request's last-row logits. A decode forward also runs
+Returns SGLang's LogitsProcessorOutput with each request's last-row logits (every row's in a speculative
+verify batch). A forward SGLang runs with CaptureHiddenMode.FULL (the speculative worker's extend and verify
+forwards, dspark_worker.py) also returns, as `hidden_states`, the drafter's features of every row: the inputs
+of the checkpoint's `dspark_target_layer_ids`, concatenated ([rows, layers * hidden], in batch row order).
+A decode forward also runs
 the rows of any extend batch queued to ride along (`ride_next_decode`: D's window chunks in a mixed
 step) and hands their logits to the rider.
 With SGLang's --enable-deterministic-inference (deterministic.py) step 3 runs every request's piece as
-a forward of its own, so a request's logits do not depend on what else is in the batch.
+a forward of its own, so a request's logits do not depend on what else is in the batch, and a verify
+batch's rows one row per forward: a forward of 1 + k rows rounds otherwise than 1 + k one-row decode steps
+(bf16 matmuls of another shape), which can flip an argmax, so only this way do speculative greedy tokens
+equal the same server's without speculation.
 """
 
 from __future__ import annotations
@@ -101,12 +108,16 @@ def _floors(cfg: V41Config, prompt_len: int, window: int, semantics: Semantics) 
     return split.boundary, tuple(sorted(split.swa_floors().items()))
 
 
-def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, window_chunk: int
-           ) -> list[tuple[RequestRows, dict[int, int]]]:
+def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, window_chunk: int,
+           verify_by_row: bool = False) -> list[tuple[RequestRows, dict[int, int]]]:
     """One request's rows as (rows, floors) forwards: rows before B = max(N - W, 0) in one piece without
     floors, rows from B on with the floors in pieces on the grid B + k * window_chunk, the chunks the
-    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it."""
-    if r.prompt_len is None:  # decode rows
+    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it.
+    With `verify_by_row`, verify rows run one row per forward (as one-row decode steps compute them)."""
+    if r.verify and verify_by_row:
+        return [(RequestRows(r.req, r.start + j, r.tokens[j:j + 1], None, verify=True), {})
+                for j in range(r.tokens.numel())]
+    if r.prompt_len is None:  # decode and verify rows
         return [(r, {})]
     boundary, floors = _floors(cfg, r.prompt_len, window, semantics)
     if r.end <= boundary:
@@ -122,9 +133,10 @@ def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, wi
 
 
 def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: Semantics,
-           window_chunk: int = DEFAULT_WINDOW_CHUNK) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
+           window_chunk: int = DEFAULT_WINDOW_CHUNK, verify_by_row: bool = False
+           ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
     """(index, rows, floors) per forward: phase k runs the k-th piece of every request that has one."""
-    split = [pieces(r, cfg, window, semantics, window_chunk) for r in rows]
+    split = [pieces(r, cfg, window, semantics, window_chunk, verify_by_row) for r in rows]
     depth = max(len(p) for p in split)
     return [[(i, *p[k]) for i, p in enumerate(split) if k < len(p)] for k in range(depth)]
 
@@ -157,6 +169,12 @@ def take_unridden() -> list[Rider]:
     return left
 
 
+def _captures_every_row(forward_batch: Any) -> bool:
+    """Whether SGLang runs this forward with CaptureHiddenMode.FULL (a speculative worker's forwards)."""
+    mode = getattr(forward_batch, "capture_hidden_mode", None)
+    return mode is not None and bool(mode.is_full())
+
+
 class ReferenceForward:
     """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
 
@@ -181,10 +199,11 @@ class ReferenceForward:
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
         decoding = forward_batch.forward_mode.is_decode()
         verifying = rows[0].verify
-        riders = take_unridden() if decoding else []
+        capture = self.feature_layers if _captures_every_row(forward_batch) else ()
+        riders = take_unridden() if decoding and not capture else []
         ridden = [r for rider in riders for r in rider.rows]
         started = time.perf_counter()
-        logits, layers = self.run_rows(rows + ridden)
+        logits, layers, features = self.run_rows(rows + ridden, capture)
         self.forwards += 1
         mode = "mixed" if riders else "decode" if decoding else "verify" if verifying else "extend"
         log_forward(_FACTS.role, mode, sorted(layers),
@@ -192,25 +211,43 @@ class ReferenceForward:
                     decode_rows=len(rows) if decoding else 0)
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
+        hidden = torch.cat(features[:len(rows)]) if capture else None
         if verifying:  # every row's logits, request after request: [sum of rows, V]
-            return LogitsProcessorOutput(next_token_logits=torch.cat(logits).float())
+            return LogitsProcessorOutput(next_token_logits=torch.cat(logits).float(), hidden_states=hidden)
         at = len(rows)
         for rider in riders:
             rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
             at += len(rider.rows)
-        return LogitsProcessorOutput(next_token_logits=torch.stack(logits[:len(rows)]).float())
+        return LogitsProcessorOutput(next_token_logits=torch.stack(logits[:len(rows)]).float(), hidden_states=hidden)
 
-    def run_rows(self, rows: Sequence[RequestRows]) -> tuple[list[torch.Tensor | None], set[int]]:
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The layers whose inputs the DSpark drafter reads (the checkpoint's dspark_target_layer_ids)."""
+        return tuple(self.cfg.dspark_target_layer_ids)
+
+    def run_rows(self, rows: Sequence[RequestRows], capture: tuple[int, ...] = ()
+                 ) -> tuple[list[torch.Tensor | None], set[int], list[torch.Tensor]]:
         """Runs the requests' rows over the pool: each request's last-row logits (every row's, [rows, V], for
-        verify rows; None in the prefill role) and the layers that ran."""
+        verify rows; None in the prefill role), the layers that ran, and with `capture` each request's
+        captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
         logits: dict[int, torch.Tensor | None] = {}
+        verify_logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
+        captured: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
         layers: set[int] = set()
-        for phase in phases(rows, self.cfg, self.window, self.semantics):
+        for phase in phases(rows, self.cfg, self.window, self.semantics, verify_by_row=self.deterministic):
             for group in self.forward_groups(phase):
-                for (i, _, _), out in zip(group, self._run(group)):
+                for (i, r, _), (out, features) in zip(group, self._run(group, capture)):
                     logits[i] = out  # a request's last piece has the logits that count
+                    if r.verify and out is not None:  # ... except verify rows': every piece's rows count
+                        verify_logits[i].append(out)
+                    if capture:
+                        captured[i].append(torch.cat([features[layer] for layer in capture], dim=-1))
                 layers.update(self.model.layers_run)
-        return [logits[i] for i in range(len(rows))], layers
+        for i, parts in verify_logits.items():
+            if parts:
+                logits[i] = torch.cat(parts)
+        features = [torch.cat(captured[i]) for i in range(len(rows))] if capture else []
+        return [logits[i] for i in range(len(rows))], layers, features
 
     def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]]
                        ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
@@ -244,12 +281,13 @@ class ReferenceForward:
             at += n
         return out
 
-    def _run(self, phase: list[tuple[int, RequestRows, dict[int, int]]]) -> list[torch.Tensor]:
+    def _run(self, phase: list[tuple[int, RequestRows, dict[int, int]]], capture: tuple[int, ...] = ()
+             ) -> list[tuple[torch.Tensor | None, dict[int, torch.Tensor]]]:
         longest = max(r.end for _, r, _ in phase)
         sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
                              max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
         caches = self.model.new_cache_set(sizing)
-        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "all" if r.verify else "last")
+        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "all" if r.verify else "last", capture)
                   for _, r, floors in phase]
         try:
             outputs = self.model.forward_batch(inputs)
@@ -262,7 +300,7 @@ class ReferenceForward:
         finally:
             for item in inputs:
                 item.cache.release()
-        return [o.logits for o in outputs]
+        return [(o.logits, o.captured) for o in outputs]
 
     def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int]) -> RequestCache:
         """A throwaway reference cache holding what the pool holds for `r` before its rows."""
