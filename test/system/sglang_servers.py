@@ -177,22 +177,35 @@ def reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int
     """Greedy tokens of the reference model run over SGLang's chunks of `chunk` prompt tokens, each cut
     where the reference forward cuts it (reference_forward.pieces), then decoded one token at a time, with
     the caches quantized as `cache_quant` (SGLang's pool layout: release for v41, v4 for v4)."""
-    from sglang_asym.cache import CacheSizing
     from sglang_asym.model.loading import model_from_checkpoint
-    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, RequestRows, pieces
 
     model = model_from_checkpoint(checkpoint, cache_quant=cache_quant)
-    cfg, n = model.cfg, len(prompt)
-    tokens = torch.tensor(prompt)
-    cache = model.new_cache_set(CacheSizing(1, n + NEW_TOKENS + 1, 64)).new_request()
+    return reference_lifecycle(model, prompt, chunk, NEW_TOKENS)
+
+
+def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
+                        replayed: int | None = None) -> list[int]:
+    """One lifecycle of a request as the reference model computes it: `sequence` run over SGLang's chunks
+    of `chunk` tokens with that sequence's floors, then `count` greedy tokens. A first lifecycle samples its
+    first token from the prompt's last row; a rebootstrap after a retraction (`replayed`: the output token
+    SGLang kept aside) discards that sample and decodes on from the replayed token, which is not counted."""
+    from sglang_asym.cache import CacheSizing
+    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, RequestRows, pieces
+
+    cfg, n = model.cfg, len(sequence)
+    tokens = torch.tensor(sequence)
+    cache = model.new_cache_set(CacheSizing(1, n + count + 2, 64)).new_request()
     logits = None
     for start in range(0, n, chunk):
         rows = RequestRows(0, start, tokens[start:start + chunk], n)
         for piece, floors in pieces(rows, cfg, cfg.sliding_window, DEFAULT_SEMANTICS, 32):
             cache.swa_floor.update(floors)
             logits = model(piece.tokens, cache, logits="last")
-    out = [int(logits.argmax())]
-    while len(out) < NEW_TOKENS:
-        out.append(int(model(torch.tensor(out[-1:]), cache, logits="last").argmax()))
+    out, last = [], replayed if replayed is not None else int(logits.argmax())
+    if replayed is None:
+        out.append(last)
+    while len(out) < count:
+        last = int(model(torch.tensor([last]), cache, logits="last").argmax())
+        out.append(last)
     cache.release()
     return out

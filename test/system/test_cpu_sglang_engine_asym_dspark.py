@@ -4,9 +4,13 @@ forwards through the platform's speculative worker (the window's features are th
 decodes speculatively, 1 + k = 6 rows per request in each TARGET_VERIFY forward.
 
 With --enable-deterministic-inference on both workers, the greedy tokens through sglang-router equal those of
-the same P with a D without speculation, for N in {1, 127, 129, 600} one at a time and 4 concurrent
-requests. One P throughout, and one D at a time: the plain D answers first and is stopped, then the
-speculative D starts behind a new router; every server is stopped at the end.
+the same P with a D without speculation, for N in {1, 127, 129, 600} one at a time. The speculative D also
+runs SGLang's retraction switch (every third decode forward retracts a request of the running batch, never
+the last one): of 4 concurrent requests some are retracted mid-speculation and rebootstrapped through P
+(P computes the prompt and the output tokens but the last again, D runs that sequence's window and replays
+the kept token), and each lifecycle's tokens equal the reference model's for that lifecycle, as the plain D's
+(never retracted) equal it for their one lifecycle. One P throughout, and one D at a time: the plain D answers
+first and is stopped, then the speculative D starts behind a new router; every server is stopped at the end.
 """
 
 from __future__ import annotations
@@ -15,23 +19,47 @@ import pytest
 
 from sglang_asym.runtime.router_launch import RouterFlavor
 
+from sglang_asym.model.loading import model_from_checkpoint
+
 from .helpers import serving
-from .sglang_servers import forward_log, greedy, greedy_together, patient_router, prompt_of, sglang_server, sglang_workspace
+from .sglang_servers import (RETRACT_ENV, RETRACTED, forward_log, greedy, greedy_together, metric_sum, patient_router,
+                             prompt_of, reference_lifecycle, settle, sglang_server, sglang_workspace)
 
 pytestmark = pytest.mark.timeout(1800)
 
 FLAG = "--enable-deterministic-inference"
 NEW_TOKENS = 12
 LENGTHS = (1, 127, 129, 600)
-TOGETHER = (5, 129, 200, 300)
+TOGETHER = (5, 131, 200, 300)  # lengths none of LENGTHS has: D's log tells the requests apart by N
 DRAFTS = 5  # the checkpoint's dspark_block_size
+PREFILL_CHUNK = 8192  # every prefix of these prompts runs in one forward on P
 
 
 def _outputs(prefill, decode) -> dict:
     with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
         alone = {n: greedy(router.url, prompt_of(n), NEW_TOKENS, ignore_eos=True) for n in LENGTHS}
         together = greedy_together(router.url, [prompt_of(n) for n in TOGETHER], NEW_TOKENS)
-    return {"alone": alone, "together": together}
+    return {"alone": alone, "together": together, "retracted": metric_sum(decode, RETRACTED) or 0.0,
+            "used_tokens": settle([prefill, decode])}
+
+
+def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
+    """Per bootstrap room, the end M of each lifecycle's window on D (oldest first): a lifecycle's window
+    chunks follow each other, a rebootstrap's window starts again below the previous end. The first M is
+    the prompt length N; a rebootstrap's M = N + j, where j output tokens went to P and token j is replayed."""
+    ends: dict[int, list[int]] = {}
+    for forward in forwards:
+        if forward["mode"] != "extend":
+            continue
+        for room, start, end in forward["rows"]:
+            if not room:
+                continue
+            lives = ends.setdefault(room, [])
+            if lives and start == lives[-1]:
+                lives[-1] = end
+            else:
+                lives.append(end)
+    return ends
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +71,10 @@ def runs(tmp_path_factory):
         with serving({"decode": sglang_server("asym-decode", checkpoint, logs, FLAG)}, timeout_s=600) as plain:
             without = _outputs(prefill["prefill"], plain["decode"])
         speculating = {"decode": sglang_server("asym-decode", checkpoint, logs, FLAG, "--speculative-algorithm", "DSPARK",
-                                               env={"SGLANG_ASYM_FORWARD_LOG": str(decode_log)})}
+                                               env={"SGLANG_ASYM_FORWARD_LOG": str(decode_log), **RETRACT_ENV})}
         with serving(speculating, timeout_s=600):
             with_dspark = _outputs(prefill["prefill"], speculating["decode"])
-    return {"without": without, "with": with_dspark, "forwards": forward_log(decode_log)}
+    return {"without": without, "with": with_dspark, "forwards": forward_log(decode_log), "checkpoint": checkpoint}
 
 
 @pytest.mark.parametrize("n", LENGTHS)
@@ -54,8 +82,34 @@ def test_speculative_asym_decode_equals_the_pair_without_speculation(runs, n):
     assert runs["with"]["alone"][n] == runs["without"]["alone"][n], f"N={n}"
 
 
-def test_concurrent_requests_equal_the_pair_without_speculation(runs):
-    assert runs["with"]["together"] == runs["without"]["together"]
+def test_retracted_speculating_requests_equal_the_reference_of_each_lifecycle(runs):
+    """A retraction moves the decoder layers' floors (the rebootstrap's window is that of the longer sequence),
+    so a retracted request's later tokens may differ from an uninterrupted run; each lifecycle is checked
+    against the reference model computing that lifecycle (its sequence, its floors, the replayed token)."""
+    assert runs["with"]["retracted"] > 0
+    assert runs["with"]["used_tokens"] == [0, 0] and runs["without"]["used_tokens"] == [0, 0]
+    rooms = list(_lifecycles(runs["forwards"]).values())
+    lives = {ends[0]: ends for ends in rooms}
+    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER)  # one room per request
+    assert any(len(lives[n]) > 1 for n in TOGETHER), lives  # a request was rebootstrapped mid-speculation
+    model = model_from_checkpoint(runs["checkpoint"], cache_quant="release")  # the v41 pool's formats
+    try:
+        for n, plain, speculated in zip(TOGETHER, runs["without"]["together"], runs["with"]["together"]):
+            prompt = prompt_of(n)
+            # the anchor: the plain D, never retracted, computes one lifecycle as the reference does
+            assert plain == reference_lifecycle(model, prompt, PREFILL_CHUNK, NEW_TOKENS), f"N={n}"
+            if len(lives[n]) == 1:
+                assert speculated == plain, f"N={n}"
+                continue
+            replays = [m - n for m in lives[n][1:]]  # the output index each rebootstrap replays
+            expected = reference_lifecycle(model, prompt, PREFILL_CHUNK, replays[0] + 1)
+            for i, j in enumerate(replays):
+                stop = replays[i + 1] + 1 if i + 1 < len(replays) else NEW_TOKENS
+                expected += reference_lifecycle(model, prompt + speculated[:j], PREFILL_CHUNK, stop - j - 1,
+                                                replayed=speculated[j])
+            assert speculated == expected, f"N={n}: lifecycles at {lives[n]}"
+    finally:
+        del model
 
 
 def test_d_ran_the_windows_as_extends_and_decoded_in_verify_forwards_of_six_rows(runs):

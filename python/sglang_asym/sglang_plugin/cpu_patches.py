@@ -118,8 +118,12 @@ CONSTRAINED_DECODING_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag")
 def refuse_sampled_speculation(manager: Any, obj: Any) -> None:
     """A 400 for a sampled or constrained request to a DSpark server: the CPU engine's DSpark verifies drafts
     by argmax, without a grammar mask."""
-    algorithm = getattr(manager.server_args, "speculative_algorithm", None)
-    if algorithm is None or str(getattr(algorithm, "name", algorithm)).upper() != "DSPARK":
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algorithm = getattr(manager.server_args, "speculative_algorithm", None)  # the name, as server_args keeps it
+    if isinstance(algorithm, str):
+        algorithm = SpeculativeAlgorithm.from_string(algorithm)
+    if algorithm is None or not algorithm.is_dspark():
         return
     sampling = getattr(obj, "sampling_params", None) or {}
     for params in sampling if isinstance(sampling, list) else [sampling]:

@@ -102,6 +102,26 @@ class RequestRows:
         return self.start + self.tokens.numel()
 
 
+@dataclass
+class _RowsOutput:
+    """What one request's pieces of a forward give: the last piece's logits count (every piece's, in order,
+    for verify rows), and each piece's captured layer inputs, concatenated per row."""
+
+    last: torch.Tensor | None = None
+    verify: list[torch.Tensor] = field(default_factory=list)
+    features: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, r: RequestRows, logits: torch.Tensor | None, captured: list[torch.Tensor]) -> None:
+        self.last = logits
+        if r.verify and logits is not None:
+            self.verify.append(logits)
+        if captured:
+            self.features.append(torch.cat(captured, dim=-1))
+
+    def logits(self) -> torch.Tensor | None:
+        return torch.cat(self.verify) if self.verify else self.last
+
+
 @functools.lru_cache(maxsize=4096)
 def _floors(cfg: V41Config, prompt_len: int, window: int, semantics: Semantics) -> tuple[int, tuple[tuple[int, int], ...]]:
     split = SplitPlan(cfg, prompt_len, window, semantics)
@@ -230,24 +250,15 @@ class ReferenceForward:
         """Runs the requests' rows over the pool: each request's last-row logits (every row's, [rows, V], for
         verify rows; None in the prefill role), the layers that ran, and with `capture` each request's
         captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
-        logits: dict[int, torch.Tensor | None] = {}
-        verify_logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
-        captured: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
+        outs = [_RowsOutput() for _ in rows]
         layers: set[int] = set()
         for phase in phases(rows, self.cfg, self.window, self.semantics, verify_by_row=self.deterministic):
             for group in self.forward_groups(phase):
-                for (i, r, _), (out, features) in zip(group, self._run(group, capture)):
-                    logits[i] = out  # a request's last piece has the logits that count
-                    if r.verify and out is not None:  # ... except verify rows': every piece's rows count
-                        verify_logits[i].append(out)
-                    if capture:
-                        captured[i].append(torch.cat([features[layer] for layer in capture], dim=-1))
+                for (i, r, _), (logits, features) in zip(group, self._run(group, capture)):
+                    outs[i].add(r, logits, [features[layer] for layer in capture])
                 layers.update(self.model.layers_run)
-        for i, parts in verify_logits.items():
-            if parts:
-                logits[i] = torch.cat(parts)
-        features = [torch.cat(captured[i]) for i in range(len(rows))] if capture else []
-        return [logits[i] for i in range(len(rows))], layers, features
+        features = [torch.cat(out.features) for out in outs] if capture else []
+        return [out.logits() for out in outs], layers, features
 
     def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]]
                        ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
