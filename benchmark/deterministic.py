@@ -118,8 +118,8 @@ def generate(url: str, ids: list[int], new_tokens: int) -> list[int]:
 
 
 def through_servers(checkpoint: Path, new_tokens: int) -> dict:
-    from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-    from sglang_asym.runtime.server_process import start_server, wait_healthy
+    from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+    from sglang_asym.testing.server_process import start_server, wait_healthy
     from sglang_asym.config import V41Config
 
     bos = V41Config.from_json_file(checkpoint).bos_token_id

@@ -32,8 +32,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import ServerProcess, start_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"

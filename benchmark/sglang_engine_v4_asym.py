@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import start_server
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import start_server
 from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from serving import metric_totals, stream_request
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import start_server, wait_healthy
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import start_server, wait_healthy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAIRS = {"symmetric": ("prefill", "decode"), "asym": ("asym-prefill", "asym-decode")}

@@ -39,10 +39,10 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
-from sglang_asym.runtime.pool_watch import read_pools, wait_pools_back
-from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
-from sglang_asym.runtime.sse_lines import data_payloads
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
+from sglang_asym.testing.pool_watch import read_pools, wait_pools_back
+from sglang_asym.testing.server_process import ServerProcess, start_server, wait_healthy
+from sglang_asym.testing.sse_lines import data_payloads
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFER_TIMEOUT_S = 5

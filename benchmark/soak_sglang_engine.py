@@ -32,8 +32,8 @@ from sglang_engine_startup import process_tree
 from soak import (LoadConfig, add_load_args, burst, growth, merge_into, process_resources, router_in_front, soak,
                   summary)
 
-from sglang_asym.runtime.router_launch import RouterProcess
-from sglang_asym.runtime.server_process import ServerProcess, start_server
+from sglang_asym.testing.router_launch import RouterProcess
+from sglang_asym.testing.server_process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test"))

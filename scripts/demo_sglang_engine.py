@@ -22,8 +22,8 @@ from pathlib import Path
 
 from demo import stream_generate
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import start_server, wait_healthy
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import start_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 W = 128

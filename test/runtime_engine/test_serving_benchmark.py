@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.router_launch import PrefillWorker
+from sglang_asym.testing.router_launch import PrefillWorker
 
 _path = Path(__file__).parents[2] / "benchmark" / "serving.py"
 _spec = importlib.util.spec_from_file_location("serving_benchmark", _path)

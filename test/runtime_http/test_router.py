@@ -16,7 +16,7 @@ import pytest
 
 from sglang_asym.runtime.engine_api import EngineError, EngineRole, RequestRejectedError
 from sglang_asym.runtime.http import HttpServerConfig
-from sglang_asym.runtime.router_launch import (
+from sglang_asym.testing.router_launch import (
     PrefillWorker,
     RouterConfig,
     RouterFlavor,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_asym.runtime.lifetime import die_with_parent_preexec
-from sglang_asym.runtime.router_launch import pick_free_port
+from sglang_asym.testing.lifetime import die_with_parent_preexec
+from sglang_asym.testing.router_launch import pick_free_port
 
 from .harness import get, post_json, wait_until
 

@@ -2,7 +2,7 @@
 
 Used by the transfer tests and benchmark to host one prefill and one decode worker on
 127.0.0.1 (spawn start method: Mooncake engines must be created after the child starts). An agent gets
-SIGKILL when its starter exits, even by SIGKILL (runtime/lifetime.py).
+SIGKILL when its starter exits, even by SIGKILL (testing/lifetime.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from sglang_asym.runtime.lifetime import die_with_parent
+from sglang_asym.testing.lifetime import die_with_parent
 
 
 _NOT_READY = object()

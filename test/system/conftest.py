@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.server_process import start_server
+from sglang_asym.testing.server_process import start_server
 
 from .helpers import serving
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from sglang_asym.runtime.pool_watch import read_pools, wait_pools_back
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import ServerProcess, start_server, wait_healthy
-from sglang_asym.runtime.sse_lines import data_payloads
+from sglang_asym.testing.pool_watch import read_pools, wait_pools_back
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import ServerProcess, start_server, wait_healthy
+from sglang_asym.testing.sse_lines import data_payloads
 
 from .helpers import router_over, serving
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import ServerProcess, post, post_stream, wait_healthy
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import ServerProcess, post, post_stream, wait_healthy
 
 MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
 

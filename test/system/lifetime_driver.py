@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import start_server, wait_healthy
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import start_server, wait_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))  # test support: the loopback harness
 from support.loopback_rpc import AgentProcess  # noqa: E402

@@ -11,9 +11,9 @@ from typing import Any, Iterator
 
 import torch
 
-from sglang_asym.runtime.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
+from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
                                                pick_free_port)
-from sglang_asym.runtime.server_process import ServerProcess, post, start_server
+from sglang_asym.testing.server_process import ServerProcess, post, start_server
 
 from .helpers import ids
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import post, start_server
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import post, start_server
 
 from .helpers import serving
 from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,

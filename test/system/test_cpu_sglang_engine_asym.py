@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import post, start_server
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import post, start_server
 from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.testing.router_launch import RouterFlavor
 
 from sglang_asym.model.loading import model_from_checkpoint
 

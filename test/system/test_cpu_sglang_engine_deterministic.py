@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
+from sglang_asym.testing.router_launch import RouterFlavor
 
 from .helpers import MODEL, output, serving
 from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, server_info,

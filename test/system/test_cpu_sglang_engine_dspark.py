@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_asym.runtime.server_process import post
+from sglang_asym.testing.server_process import post
 
 from .helpers import serving
 from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, sglang_server, sglang_workspace

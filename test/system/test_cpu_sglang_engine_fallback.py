@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor, pick_free_port
-from sglang_asym.runtime.server_process import post
+from sglang_asym.testing.router_launch import RouterFlavor, pick_free_port
+from sglang_asym.testing.server_process import post
 
 from . import faults
 from .helpers import serving

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import start_server
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import start_server
 
 from .helpers import serving
 from .sglang_servers import (equal_pool_dumps, greedy, patient_router, prompt_of, reference_greedy_over_chunks,

@@ -27,9 +27,9 @@ from typing import Iterator
 
 import pytest
 
-from sglang_asym.runtime.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
+from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
                                                pick_free_port)
-from sglang_asym.runtime.server_process import ServerProcess, post, start_server, wait_healthy
+from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
 
 from .faults import D_TRANSFER_TIMEOUT_S, record
 from .helpers import serving

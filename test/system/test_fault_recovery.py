@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from sglang_asym.runtime.server_process import post
+from sglang_asym.testing.server_process import post
 
 from .faults import D_TRANSFER_TIMEOUT_S, first_event, open_stream, pools, read_stream, record, stack, wait_pools
 

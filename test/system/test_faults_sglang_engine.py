@@ -26,8 +26,8 @@ from typing import Iterator
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor, RouterProcess, WorkerHealth
-from sglang_asym.runtime.server_process import ServerProcess, post, wait_healthy
+from sglang_asym.testing.router_launch import RouterFlavor, RouterProcess, WorkerHealth
+from sglang_asym.testing.server_process import ServerProcess, post, wait_healthy
 from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 

@@ -1,5 +1,5 @@
 """Servers, routers and spawned agents die with the process that started them, even when it is SIGKILLed
-(runtime/lifetime.py: the kernel's parent-death signal)."""
+(testing/lifetime.py: the kernel's parent-death signal)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.lifetime import die_with_parent_preexec, parent_death_signal, supported
+from sglang_asym.testing.lifetime import die_with_parent_preexec, parent_death_signal, supported
 
 ROOT = Path(__file__).resolve().parents[2]
 GONE_BOUND_S = 5.0  # SIGKILL of the starter -> every process it started is gone and its ports are closed
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not supported(), reason="needs Linux prctl")]
 
-_PRINT_SIGNAL = "from sglang_asym.runtime.lifetime import parent_death_signal; print(parent_death_signal())"
+_PRINT_SIGNAL = "from sglang_asym.testing.lifetime import parent_death_signal; print(parent_death_signal())"
 
 
 def _stat(pid: int) -> tuple[str, int, str] | None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.runtime.router_launch import pick_free_port
-from sglang_asym.runtime.server_process import post, start_server, wait_healthy
+from sglang_asym.testing.router_launch import pick_free_port
+from sglang_asym.testing.server_process import post, start_server, wait_healthy
 
 from .faults import record
 

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import post
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import post
 
 from .conftest import D_TRANSFER_TIMEOUT_S
 from .helpers import MODEL, ids, output, router_over

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from sglang_asym.runtime.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
-from sglang_asym.runtime.server_process import post, start_server, wait_healthy
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.server_process import post, start_server, wait_healthy
 
 pytestmark = pytest.mark.timeout(900)
 

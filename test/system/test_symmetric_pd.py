@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from sglang_asym.runtime.router_launch import RouterFlavor
-from sglang_asym.runtime.server_process import post, start_server
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import post, start_server
 
 from .helpers import MODEL, finish_reason, ids, output, router_over, serving
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..runtime.engine.options import TRANSFER_FALLBACKS
 from ..sched.config import DEFAULT_WINDOW_CHUNK
 from .settings import (
     ASYM_MODES,
@@ -17,6 +16,7 @@ from .settings import (
     DEFAULT_TOKEN_BUDGET,
     DEFAULT_WINDOW,
     SEMANTICS_CHOICES,
+    TRANSFER_FALLBACKS,
     AsymSettings,
 )
 from .validation import AsymArgumentError, validate_asym_args

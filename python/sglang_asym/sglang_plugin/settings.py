@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import DEFAULT_WINDOW
-from ..runtime.engine.options import TRANSFER_FALLBACKS
 from ..sched.config import chunk_rows_for
+
+TRANSFER_FALLBACKS = ("off", "recompute")  # --asym-transfer-fallback: give up, or recompute the prefix on D
 
 ASYM_PREFILL = "asym-prefill"
 ASYM_DECODE = "asym-decode"
