@@ -1,9 +1,12 @@
 #!/usr/bin/env python
 """Write a random-weight DeepSeek-V4.1 checkpoint in the released layout, with a tokenizer.
 
-    scripts/make_checkpoint.py --config small --seed 0 --out /tmp/v41-small [--precision release]
+    scripts/make_checkpoint.py --seed 0 --out /tmp/v41-sglang-small [--config sglang-small] [--precision release]
 
-tiny: one model.safetensors by default; small: 9 shards with model.safetensors.index.json, grouped
+sglang-small (the default) is the smallest preset `python -m sglang.launch_server` serves: the 40-layer
+schedule at the attention geometry SGLang's V4.1 cache pool holds (head_dim 512). tiny and small (head_dim
+64) are the reference library's unit-test sizes; SGLang's launcher refuses them. tiny: one
+model.safetensors by default; small and sglang-small: sharded with model.safetensors.index.json, grouped
 so the prefill role opens only the encoder-side shards. DSpark (`mtp.*`) and Engram tensors are
 included when the config has them (--backbone-only leaves them out).
 """
@@ -18,12 +21,14 @@ import time
 from sglang_asym.checkpoint import PRECISIONS, write_checkpoint, write_tokenizer
 from sglang_asym.config import V41Config
 
-DEFAULT_SHARDS = {"tiny": 1, "small": 9}
+DEFAULT_SHARDS = {"tiny": 1, "small": 9, "sglang-small": 3}
+DEFAULT_CONFIG = "sglang-small"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=sorted(DEFAULT_SHARDS), required=True)
+    parser.add_argument("--config", choices=sorted(DEFAULT_SHARDS), default=DEFAULT_CONFIG,
+                        help=f"preset (default {DEFAULT_CONFIG}: a checkpoint SGLang's engine serves)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--precision", choices=PRECISIONS, default="release",

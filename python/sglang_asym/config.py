@@ -301,8 +301,16 @@ class V41Config:
         )
 
     @classmethod
+    def sglang_small(cls) -> "V41Config":
+        """`small` at the attention and index-key geometry SGLang's V4.1 cache pool holds (head_dim 512 =
+        448 nope + 64 rope, 128-dim index keys), 16 routed experts (~70 MB at release precision) and the
+        release's bf16 model dtype: the smallest preset `python -m sglang.launch_server` can serve."""
+        return cls.small().replace(head_dim=512, qk_rope_head_dim=64, index_head_dim=128, n_routed_experts=16,
+                                   dtype="bfloat16")
+
+    @classmethod
     def preset(cls, name: str) -> "V41Config":
-        presets = {"tiny": cls.tiny, "small": cls.small, "flash": cls.flash}
+        presets = {"tiny": cls.tiny, "small": cls.small, "sglang-small": cls.sglang_small, "flash": cls.flash}
         if name not in presets:
             raise ConfigError(f"unknown config preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()

@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def v41_checkpoint(tmp_path_factory) -> Path:
-    """A directory whose config.json is a DeepSeek-V4.1 text config (the tiny preset)."""
+    """A directory whose config.json is a DeepSeek-V4.1 text config SGLang's pool can hold (sglang-small)."""
     path = tmp_path_factory.mktemp("v41_ckpt")
-    V41Config.tiny().write_json(path)
+    V41Config.sglang_small().write_json(path)
     return path
 
 

@@ -1,7 +1,8 @@
 """The SGLang symbols the plugin hooks, and what each hook does.
 
   ServerArgs.add_cli_args   AFTER   add the asymmetric modes and --asym-* flags (so --help lists them)
-  ServerArgs.from_cli_args  AROUND  validate + translate asym-* to prefill/decode, attach AsymSettings
+  ServerArgs.from_cli_args  AROUND  refuse a V4.1 checkpoint SGLang's pool cannot hold (servable.py, every
+                                    mode); validate + translate asym-* to prefill/decode, attach AsymSettings
   prepare_server_args       AROUND  argument errors as argparse-style exits; with
                                     SGLANG_ASYM_CPU_RUNTIME=embedded, CPU servers hand over to the
                                     embedded runtime (cpu_handover.py)
@@ -78,6 +79,7 @@ from .prefill_model import install_prefill_loading, truncated_construction
 from ..split import SplitPlan
 from .prefill_role import PrefillRole
 from .settings import attach, settings_of
+from .servable import check_servable
 from .startup import STARTUP_GAPS
 from .validation import AsymArgumentError
 
@@ -120,6 +122,7 @@ def after_add_cli_args(result: Any, parser: Any) -> None:
 
 
 def around_from_cli_args(original: Callable, cls: type, args: Any) -> Any:
+    check_servable(getattr(args, "model_path", None))
     settings = translate(args)
     server_args = original(cls, args)
     if settings is not None:

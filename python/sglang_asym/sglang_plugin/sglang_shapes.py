@@ -19,10 +19,4 @@ __all__ = ["RELEASE_QUANTIZATION_CONFIG", "sglang_small", "with_release_quantiza
 
 
 def sglang_small() -> V41Config:
-    return with_release_quantization(V41Config.small().replace(
-        head_dim=512,
-        qk_rope_head_dim=64,
-        index_head_dim=128,
-        n_routed_experts=16,
-        dtype="bfloat16",
-    ))
+    return with_release_quantization(V41Config.sglang_small())
