@@ -22,9 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import torch
-
 from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.pair_reference import pair_greedy
 from sglang_asym.testing.server_process import start_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +31,6 @@ W = 128
 LENGTHS = (("shorter than W", 60), ("exactly W", 128), ("long", 700))
 NEW_TOKENS = 12
 PREFILL_CHUNK = 512  # P's chunked prefill: the reference runs the prefix in the same chunks
-WINDOW_CHUNK = 32  # D's window chunks (--asym-window-chunk's default)
 SEMANTICS = "asym-exact-encoder"  # --asym-semantics' default
 
 
@@ -52,34 +50,6 @@ def stream_generate(url: str, body: dict) -> tuple[dict, float, list[float]]:
                 last = json.loads(line[5:])
                 stamps.append(time.perf_counter())
     return last, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])]
-
-
-def reference_tokens(model, sequence: list[int], count: int) -> list[int]:
-    """The greedy tokens the asym pair computes, by the in-process reference model over the pair's pieces:
-    P's [0, B) in chunks of PREFILL_CHUNK, then D's window [B, N), each cut by the reference forward
-    (the reference model is not chunk-invariant bit for bit, so the pieces must be the pair's)."""
-    from sglang_asym.cache import CacheSizing
-    from sglang_asym.sglang_plugin.reference_forward import RequestRows, pieces
-    from sglang_asym.split import Semantics
-
-    cfg, n = model.cfg, len(sequence)
-    boundary = max(n - W, 0)
-    spans = [(s, min(s + PREFILL_CHUNK, boundary)) for s in range(0, boundary, PREFILL_CHUNK)] + [(boundary, n)]
-    tokens = torch.tensor(sequence)
-    cache = model.new_cache_set(CacheSizing(1, n + count + 2, 64)).new_request()
-    try:
-        logits = None
-        for start, end in spans:
-            rows = RequestRows(0, start, tokens[start:end], n)
-            for piece, floors in pieces(rows, cfg, W, Semantics(SEMANTICS), WINDOW_CHUNK):
-                cache.swa_floor.update(floors)
-                logits = model(piece.tokens, cache, logits="last")
-        out = [int(logits.argmax())]
-        while len(out) < count:
-            out.append(int(model(torch.tensor([out[-1]]), cache, logits="last").argmax()))
-        return out
-    finally:
-        cache.release()
 
 
 def rss_mb(pid: int) -> float:
@@ -150,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             for label, n in LENGTHS:
                 for path in logs.values():
                     path.unlink(missing_ok=True)
-                body = {"input_ids": prompt(n), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}
+                body = {"input_ids": prompt(n), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0,
+                                                                    "ignore_eos": True}}  # the reference decodes NEW_TOKENS too
                 mb = transfer_mb(servers["P"].url)
                 last, ttft, gaps = stream_generate(router.url, body)
                 moved = transfer_mb(servers["P"].url) - mb
-                same = last["output_ids"] == reference_tokens(reference, prompt(n), NEW_TOKENS)
+                same = last["output_ids"] == pair_greedy(reference, prompt(n), PREFILL_CHUNK, SEMANTICS, NEW_TOKENS)
                 failures += not same
                 p_rows = [(s, e) for f in forwards(logs["prefill"]) for room, s, e in f["rows"] if room]
                 d_window = [(s, e) for f in forwards(logs["decode"]) if f["mode"] == "extend"
