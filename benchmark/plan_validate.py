@@ -117,11 +117,20 @@ def validate_decode_itl(model: CpuStepModel) -> list[dict]:
 
 
 # ---- serving.py ----------------------------------------------------------------------------------------------
-def serving_requests(settings: dict) -> list[list[SimRequest]]:
-    """The sweep's prompt lengths and Poisson send offsets, drawn exactly as benchmark/serving.py draws them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from serving import poisson_arrivals  # noqa: PLC0415 (the benchmark's own function)
+def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
+    """Send offsets (s) of n requests arriving as a Poisson process of `rate` per second, drawn as the retired
+    serving benchmark drew them (its measurements stay in benchmark/results/serving.json)."""
+    if rate <= 0 or n < 0:
+        raise ValueError(f"rate must be > 0 and n >= 0, got {rate}, {n}")
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
 
+
+def serving_requests(settings: dict) -> list[list[SimRequest]]:
+    """The sweep's prompt lengths and Poisson send offsets, drawn exactly as the serving benchmark drew them."""
     rates = [float(r) for r in settings["rates"].split(",")]
     rng = random.Random(settings["seed"])
     lengths = [[rng.randint(settings["prompt_min"], settings["prompt_max"]) for _ in range(settings["requests_per_rate"])]

@@ -1,16 +1,14 @@
 #!/usr/bin/env python
-"""Start-up time and peak memory of SGLang's own engine on CPU next to the embedded runtime.
+"""Start-up time and peak memory of SGLang's own engine on CPU, per server mode.
 
     .venv/bin/python benchmark/sglang_engine_startup.py
 
 Writes the small V4.1 at SGLang's pool geometry (sglang_shapes.sglang_small, release precision) and
-starts, one after another on 127.0.0.1: the embedded runtime's null, prefill and decode servers
-(`python -m sglang_asym.launch_server`) and SGLang's (`python -m sglang.launch_server --device cpu`).
-For each: seconds from spawn to a healthy /health and to the first completed /generate, and the peak
-resident memory (VmHWM) of every process of the server's tree, summed, plus the largest single one
-(SGLang runs its model in a scheduler process beside the launcher and the detokenizer). Both stacks
-run the same checkpoint one at a time, so their ratios are side by side in one run. Writes
-benchmark/results/sglang_engine_startup.json.
+starts, one after another on 127.0.0.1, SGLang's null, prefill and decode servers
+(`python -m sglang.launch_server --device cpu` with this plugin). For each: seconds from spawn to a
+healthy /health and to the first completed /generate, and the peak resident memory (VmHWM) of every
+process of the server's tree, summed, plus the largest single one (SGLang runs its model in a scheduler
+process beside the launcher and the detokenizer). Writes benchmark/results/sglang_engine_startup.json.
 """
 
 from __future__ import annotations
@@ -31,10 +29,7 @@ from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("null", "prefill", "decode")
-STACKS = {
-    "embedded": dict(module="sglang_asym.launch_server", extra=(), env=None),
-    "sglang": dict(module="sglang.launch_server", extra=("--device", "cpu"), env={"SGLANG_PLUGINS": "sglang_asym"}),
-}
+SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
 
 
 def process_tree(pid: int) -> list[int]:
@@ -64,10 +59,9 @@ def _peak_mb(pid: int) -> tuple[float, float]:
     return round(sum(peaks), 1), round(max(peaks, default=0.0), 1)
 
 
-def measure(stack: str, mode: str, checkpoint: Path, logs: Path) -> dict:
-    spec = STACKS[stack]
+def measure(mode: str, checkpoint: Path, logs: Path) -> dict:
     started = time.monotonic()
-    server = start_server(mode, checkpoint, logs, *spec["extra"], module=spec["module"], env=spec["env"])
+    server = start_server(mode, checkpoint, logs, "--device", "cpu", module="sglang.launch_server", env=SGLANG_ENV)
     try:
         wait_healthy(server, timeout_s=600)
         healthy_s = time.monotonic() - started
@@ -93,19 +87,14 @@ def main() -> int:
         write_tokenizer(checkpoint, sglang_small())
         rows = {}
         for mode in MODES:
-            for stack in STACKS:
-                rows[f"{stack}/{mode}"] = measure(stack, mode, checkpoint, logs)
-                print(f"{stack:8s} {mode:8s} {rows[f'{stack}/{mode}']}", flush=True)
-    ratios = {mode: {key: round(rows[f"sglang/{mode}"][key] / rows[f"embedded/{mode}"][key], 2)
-                     for key in ("healthy_s", "peak_rss_mb_sum", "peak_rss_mb_largest_process")}
-              for mode in MODES}
+            rows[f"sglang/{mode}"] = measure(mode, checkpoint, logs)
+            print(f"sglang {mode:8s} {rows[f'sglang/{mode}']}", flush=True)
     report = {"benchmark": "sglang_engine_startup", "command": "python benchmark/sglang_engine_startup.py",
               "checkpoint": "sglang_shapes.sglang_small(), release precision, seed 11",
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-              "runs": rows, "sglang_over_embedded": ratios}
+              "runs": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sglang_engine_startup.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(ratios, indent=2))
     return 0
 
 

@@ -1,11 +1,11 @@
-"""The asymmetric pair served by SGLang's own engine on CPU in the `v4` pool layout, against the embedded
-runtime's asym pair at `--cache-quant v4`, each behind its own sglang-router.
+"""The asymmetric pair served by SGLang's own engine on CPU in the `v4` pool layout behind sglang-router,
+against the in-process reference model at `cache_quant="v4"` computing the pair's pieces.
 
-Per prompt length: both pairs' greedy tokens (equal or not), and the bytes P's exact-payload manager wrote
+Per prompt length: the pair's and the reference's greedy tokens (equal or not), and the bytes P's exact-payload manager wrote
 (`sglang_asym:kv_transfer_payload_bytes_total` on P's /metrics) against the SplitPlan manifest in the `v4`
 row format. Afterwards SGLang's used-token counters of P and D. The suite checks `v41` this way
 (test_cpu_sglang_engine_asym.py) and `v4` for `null` and symmetric PD (test_cpu_sglang_engine_v4.py); this
-run covers the asymmetric modes in `v4` without adding four servers to the suite.
+run covers the asymmetric modes in `v4` without adding two servers to the suite.
 Writes benchmark/results/sglang_engine_v4_asym.json (one entry per semantics).
 
     .venv/bin/python benchmark/sglang_engine_v4_asym.py [--lengths 1 64 128 129 257 1000 4097]
@@ -20,14 +20,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sglang_asym.model.loading import model_from_checkpoint
+from sglang_asym.testing.pair_reference import pair_greedy
 from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import start_server
 from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"
 WINDOW = 128
+PREFILL_CHUNK = 8192  # P computes each prefix in one forward; the reference runs it the same way
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,34 +41,32 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each server its share of the cores (inherited)
     sys.path.insert(0, str(ROOT / "test"))
     from system.helpers import serving
-    from system.sglang_servers import (greedy, metric_sum, patient_router, prompt_of, settle, sglang_server,
-                                       write_sglang_checkpoint)
+    from system.sglang_servers import (NEW_TOKENS, greedy, metric_sum, patient_router, prompt_of, settle,
+                                       sglang_server, write_sglang_checkpoint)
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="v4-asym-") as tmp:
         checkpoint = write_sglang_checkpoint(Path(tmp) / "ckpt")
         logs = Path(tmp) / "logs"
         logs.mkdir()
-        # both stacks compute P's prefix in one forward (the reference model is not chunk-invariant bit for bit)
-        flags = ("--asym-semantics", args.semantics, "--chunked-prefill-size", "8192")
+        flags = ("--asym-semantics", args.semantics, "--chunked-prefill-size", str(PREFILL_CHUNK))
         v4 = {"SGLANG_DSV4_KV_LAYOUT": "v4"}
         servers = {
             "prefill": sglang_server("asym-prefill", checkpoint, logs, *flags, env=v4),
             "decode": sglang_server("asym-decode", checkpoint, logs, *flags, env=v4),
-            "ref_prefill": start_server("asym-prefill", checkpoint, logs, *flags, "--cache-quant", "v4"),
-            "ref_decode": start_server("asym-decode", checkpoint, logs, *flags, "--cache-quant", "v4"),
         }
+        reference = model_from_checkpoint(checkpoint, cache_quant="v4")  # the v4 pool's row formats
         with serving(servers, timeout_s=600):
-            with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as ours, \
-                    patient_router(servers["ref_prefill"], servers["ref_decode"], RouterFlavor.SGLANG_ROUTER) as ref:
+            with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as ours:
                 for n in args.lengths:
                     before = metric_sum(servers["prefill"], PAYLOAD_BYTES) or 0.0
-                    sglang_tokens = greedy(ours.url, prompt_of(n))
-                    embedded_tokens = greedy(ref.url, prompt_of(n))
+                    sglang_tokens = greedy(ours.url, prompt_of(n), ignore_eos=True)  # as many tokens as the reference
+                    reference_tokens = pair_greedy(reference, list(prompt_of(n)), PREFILL_CHUNK, args.semantics,
+                                                   NEW_TOKENS)
                     shipped = int((metric_sum(servers["prefill"], PAYLOAD_BYTES) or 0.0) - before)
                     manifest = SplitPlan(sglang_small(), n, WINDOW, args.semantics).manifest("v4").total_bytes
-                    rows.append({"n": n, "equal": sglang_tokens == embedded_tokens, "sglang_engine": sglang_tokens,
-                                 "embedded": embedded_tokens, "payload_bytes": shipped, "manifest_v4_bytes": manifest})
+                    rows.append({"n": n, "equal": sglang_tokens == reference_tokens, "sglang_engine": sglang_tokens,
+                                 "reference": reference_tokens, "payload_bytes": shipped, "manifest_v4_bytes": manifest})
                     print(json.dumps(rows[-1]), flush=True)
             used_after = settle([servers["prefill"], servers["decode"]])
     result = {"command": "python benchmark/sglang_engine_v4_asym.py " + " ".join(argv if argv is not None else sys.argv[1:]),

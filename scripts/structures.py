@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AREAS = ("python", "scripts", "benchmark", "test", "sgl-kernel-ext")
+AREAS = ("python", "scripts", "benchmark", "test")
 
 
 def first_line(path: Path) -> str:

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "python" / "sglang_asym"
 DOC = ROOT / "docs" / "architecture.md"
 FILE_SUFFIXES = (".py", ".md", ".json", ".sh", ".toml", ".txt")
 # Where code cites documents: every source file of the repository (generated results are not code).
-CODE_AREAS = ("python", "scripts", "benchmark", "test", "sgl-kernel-ext", "sglang-asym-startup", ".ci", ".github")
+CODE_AREAS = ("python", "scripts", "benchmark", "test", "sglang-asym-startup", ".ci", ".github")
 CODE_SUFFIXES = (".py", ".sh", ".toml", ".yml", ".yaml", ".cfg")
 MD_REF = re.compile(r"(?<![\w./-])((?:\.\./|[\w-]+/)*[\w-]+\.md)\b")
 BARE_PROSE_REF = re.compile(r"(?<![\w./'\"-])([\w-]+\.md)\b")  # a bare name in prose, not a quoted path part
@@ -66,16 +66,16 @@ def test_every_path_on_the_architecture_page_exists():
 
 def test_every_function_on_the_architecture_page_is_defined_where_it_says():
     hops = sorted({t for t in backticked(DOC.read_text()) if "::" in t})
-    assert len(hops) > 40
+    assert len(hops) > 30  # the page names the request path hop by hop (the SGLang path alone since the embedded one retired)
     wrong = [t for t in hops if t != "::" and ((p := resolve(t.split("::")[0])) is None or not p.is_file()
                                             or not defines(p, t.split("::")[1]))]
     assert wrong == [], f"docs/architecture.md names functions that are not defined there: {wrong}"
 
 
 def test_defines_reads_nested_names():
-    path = PACKAGE / "runtime" / "engine" / "decode_loop.py"
-    assert defines(path, "DecodeLoop._drain_inbox") and defines(path, "ActiveRequest")
-    assert not defines(path, "DecodeLoop.no_such_method") and not defines(path, "NoSuchClass")
+    path = PACKAGE / "model" / "model.py"
+    assert defines(path, "V41Model.forward_batch") and defines(path, "SegmentInput")
+    assert not defines(path, "V41Model.no_such_method") and not defines(path, "NoSuchClass")
 
 
 def cited_documents(pattern: re.Pattern = MD_REF) -> dict[str, list[str]]:

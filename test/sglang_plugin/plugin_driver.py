@@ -19,16 +19,7 @@ def main(v41: str, llama: str) -> None:
 
     import sglang.srt.server_args as server_args_module
 
-    from sglang_asym.sglang_plugin import cpu_handover
     from sglang_asym.sglang_plugin.settings import settings_of
-
-    handed_over = []
-
-    def launcher(argv):  # stands in for sglang_asym.launch_server.main: records, returns a status
-        handed_over.append(argv)
-        return 7
-
-    cpu_handover._embedded_launcher = lambda: launcher
 
     def run(argv):
         stderr = io.StringIO()
@@ -56,16 +47,11 @@ def main(v41: str, llama: str) -> None:
         ["--model-path", llama, "--device", "cpu"],
     ]
     outcomes = [run(argv) for argv in cases]
-    import os
-
-    os.environ[cpu_handover.RUNTIME_ENV] = cpu_handover.EMBEDDED  # the embedded runtime, asked for
-    outcomes.append(run(cases[4]))
     report = {
         "hooks": {target: [(t.name, s.plugin_name, s.dist_name) for t, _, s in entries]
                   for target, entries in HookRegistry._hooks.items()},
         "patched": sorted(HookRegistry._patched),
         "cases": outcomes,
-        "handed_over": handed_over,
     }
     print("REPORT " + json.dumps(report))
 

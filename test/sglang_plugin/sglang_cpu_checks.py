@@ -4,7 +4,6 @@ state owns torch.distributed for the process) by the tests beside this file. Eac
 
     python test/sglang_plugin/sglang_cpu_checks.py load CHECKPOINT_DIR
     python test/sglang_plugin/sglang_cpu_checks.py payload [PROMPT_LEN]
-    python test/sglang_plugin/sglang_cpu_checks.py bootstrap
     python test/sglang_plugin/sglang_cpu_checks.py intake CONFIG_DIR WINDOW
 """
 
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+ROOM = 7_000_000_000_000_000_001  # a bootstrap room id above 2**62, as SGLang's router draws them
 
 
 def _expected_value(items: list, tensors: dict[str, torch.Tensor], param: torch.Tensor) -> torch.Tensor:
@@ -314,6 +315,19 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
     }
 
 
+def _encode_rows(group: str, rows: torch.Tensor, row_format: str, cfg) -> np.ndarray:
+    """[n, C] prefix-state rows (tails: [2, C] for one row) -> uint8 [n, row_bytes] in `row_format`."""
+    from sglang_asym.cache.groups import parse_group
+
+    fmt = parse_group(group).format
+    if fmt.release is None:  # a compressor tail: fp32 value and gate
+        return rows.float().contiguous().view(1, -1).view(torch.uint8).numpy()
+    packed = fmt.packed(row_format, cfg)
+    if packed is not None:
+        return packed.pack_rows(rows.float()).numpy()
+    return rows.contiguous().view(torch.uint8).numpy()
+
+
 def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     """Our prefill role's payload (the row format of `kv_layout`: release formats in v41, V4 rows in v4)
     written into SGLang's DeepSeekV4TokenToKVPool on CPU, read back by SGLang's own readers, moved by
@@ -324,7 +338,6 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     from sglang_asym.checkpoint.random_init import random_weights
     from sglang_asym.formats import unpack_rows
     from sglang_asym.model import V41Model
-    from sglang_asym.runtime.engine.payload_io import encode_rows
     from sglang_asym.sglang_plugin import pool_payload as pp
     from sglang_asym.sglang_plugin.kv_pool import row_format_of_layout
     from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
@@ -339,7 +352,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     model.load_weights({k: v for k, v in weights.items() if k in model.expected_tensor_names()})
     tokens = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
     state = run_prefix(model, model.new_cache_set(CacheSizing(max_requests=1, max_tokens=n + 1)), tokens, split)
-    rows = {g: encode_rows(g, t, row_format, cfg) for g, t in state.rows.items()}
+    rows = {g: _encode_rows(g, t, row_format, cfg) for g, t in state.rows.items()}
     manifest = split.manifest(row_format).nonempty()
 
     import tempfile
@@ -507,182 +520,6 @@ def _pool_tensors(pool) -> dict:
         tensors[f"pair_ring.L{o}"] = pool.compress_state_pools[o].kv_score_buffer.kv_score.view(torch.uint8)
     assert {name: t.data_ptr() for name, t in tensors.items()} == out, "registered pointers differ"
     return tensors
-
-
-# ---- bootstrap servers: ours and SGLang's, each driven by the other side's client code -----------
-
-ROOM = 7_000_000_000_000_000_001
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(addr: str, timeout_s: float = 10.0) -> None:
-    import time
-
-    import requests
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://{addr}/health", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"bootstrap server {addr} not healthy after {timeout_s} s")
-
-
-def _raw_script(addr: str) -> list:
-    """Every route and error, as plain HTTP (status, body); the same requests for both servers."""
-    import requests
-
-    base = f"http://{addr}"
-    route = base + "/route?prefill_dp_rank={}&prefill_cp_rank={}&target_tp_rank={}&target_pp_rank={}"
-    reg = {"attn_tp_size": 2, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
-           "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
-           "rank_ip": "10.0.0.5", "rank_port": 17001, "page_size": 256, "kv_cache_dtype": "fp8_e4m3",
-           "kv_layout": "v41,c1:v41_fp4,c2:v41_fp4", "prefill_http_port": 30000}
-
-    def show(response) -> list:
-        kind = response.headers.get("Content-Type", "").split(";")[0]
-        body = response.json() if kind == "application/json" and response.status_code == 200 else response.text
-        return [response.status_code, body]
-
-    steps = [
-        ("health", lambda: requests.get(base + "/health", timeout=5)),
-        ("info before registration", lambda: requests.get(route.format(-1, -1, -1, -1), timeout=5)),
-        ("rank before registration", lambda: requests.get(route.format(0, 0, 0, 0), timeout=5)),
-        ("missing inputs", lambda: requests.get(base + "/route?prefill_dp_rank=0&prefill_cp_rank=0", timeout=5)),
-        ("empty input", lambda: requests.get(route.format("", 0, 0, 0), timeout=5)),
-        ("method not allowed", lambda: requests.delete(base + "/route", timeout=5)),
-        ("register rank 0", lambda: requests.put(base + "/route", json=reg, timeout=5)),
-        ("info with 1 of 2", lambda: requests.get(route.format(-1, -1, -1, -1), timeout=5)),
-        ("other allocation policy", lambda: requests.put(
-            base + "/route", json={**reg, "attn_tp_rank": 1, "decode_allocation_policy": "late"}, timeout=5)),
-        ("other DSpark layout", lambda: requests.put(
-            base + "/route", json={**reg, "attn_tp_rank": 1, "dsv41_spec_layout": {"block": 5}}, timeout=5)),
-        ("register rank 1", lambda: requests.put(base + "/route", json={**reg, "attn_tp_rank": 1,
-                                                                         "rank_port": 17002}, timeout=5)),
-        ("info", lambda: requests.get(route.format(-1, -1, -1, -1), timeout=5)),
-        ("rank 1", lambda: requests.get(route.format(0, 0, 1, 0), timeout=5)),
-        ("unknown rank", lambda: requests.get(route.format(0, 0, 2, 0), timeout=5)),
-        ("register room", lambda: requests.post(base + "/register_dp_rank",
-                                                json={"bootstrap_room": ROOM, "dp_rank": 0}, timeout=5)),
-        ("query rooms", lambda: requests.post(base + "/query_dp_ranks",
-                                              json={"bootstrap_rooms": [ROOM, 5]}, timeout=5)),
-    ]
-    out = [[name, show(step())] for name, step in steps]
-    missing = requests.put(base + "/route", json={k: v for k, v in reg.items() if k != "page_size"}, timeout=5)
-    out.append(["registration missing a field: status", missing.status_code])
-    return out
-
-
-def _sglang_client_script(addr: str, port: int) -> dict:
-    """SGLang's own prefill and decode code paths against the server at addr."""
-    import types
-
-    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver, CommonKVSender
-
-    def prefill_rank(tp_rank: int, rank_port: int):
-        stub = types.SimpleNamespace(
-            dist_init_addr=None, bootstrap_host="127.0.0.1", bootstrap_port=port,
-            attn_tp_size=2, attn_tp_rank=tp_rank, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1,
-            attn_dp_rank=0, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
-            local_ip="10.0.0.7", rank_port=rank_port, kv_args=types.SimpleNamespace(page_size=256),
-            kv_cache_dtype_str="fp8_e4m3", kv_layout="v41,c1:v41_fp4,c2:v41_fp4", dsv41_spec_layout=None)
-        stub._register_topology_row = types.MethodType(CommonKVManager._register_topology_row, stub)
-        return stub
-
-    decode = types.SimpleNamespace(
-        prefill_info_table={}, kv_args=types.SimpleNamespace(page_size=256, engine_rank=1, state_types=[]),
-        kv_cache_dtype_str="fp8_e4m3", kv_layout="v41,c1:v41_fp4,c2:v41_fp4", dsv41_spec_layout=None,
-        attn_tp_size=2, attn_cp_size=1, attn_cp_rank=0, pp_size=1, pp_rank=0, is_mla_backend=True,
-        is_hybrid_mla_backend=False, dcp_size=1, enable_all_cp_ranks_for_transfer=False,
-        bootstrap_addr=addr)
-    decode._resolve_rank_mapping = types.MethodType(CommonKVManager._resolve_rank_mapping, decode)
-    out = {"info before registration": CommonKVManager.try_ensure_parallel_info(decode, addr)}
-    for tp_rank in (0, 1):
-        CommonKVManager.register_to_bootstrap(prefill_rank(tp_rank, 18000 + tp_rank))
-    out["info"] = CommonKVManager.try_ensure_parallel_info(decode, addr)
-    out["server info"] = dataclasses.asdict(decode.prefill_info_table[addr])
-    out["rank 1"] = CommonKVReceiver._get_bootstrap_info_from_server(decode, 0, 0, 1, 0)
-    out["unknown rank"] = CommonKVReceiver._get_bootstrap_info_from_server(decode, 0, 0, 3, 0)
-    sender = types.SimpleNamespace(bootstrap_server_url=addr, bootstrap_room=ROOM,
-                                   kv_mgr=types.SimpleNamespace(attn_dp_rank=0))
-    CommonKVSender._register_prefill_dp_rank(sender)
-    out["rooms"] = CommonKVReceiver.query_prefill_dp_ranks(addr, [ROOM, 11])
-    return out
-
-
-def _our_client_script(addr: str) -> dict:
-    from sglang_asym.transfer import bootstrap_client as client
-
-    def attempt(fn, *args):
-        try:
-            return ["ok", fn(*args)]
-        except client.BootstrapError as exc:
-            return ["error", exc.status, exc.text]
-
-    reg = client.RankRegistration(rank_ip="10.0.0.9", rank_port=19000, page_size=256, kv_cache_dtype="fp8_e4m3",
-                                  kv_layout="v41,c1:v41_fp4,c2:v41_fp4", attn_tp_size=2, prefill_http_port=30000)
-    other_policy = dataclasses.replace(reg, attn_tp_rank=1, decode_allocation_policy="late")
-    return {
-        "health": client.health(addr),
-        "info before registration": attempt(client.fetch_server_info, addr),
-        "register rank 0": attempt(client.register_prefill_rank, addr, reg),
-        "rank before all registered": attempt(client.fetch_rank, addr, 0, 0, 0, 0),
-        "other allocation policy": attempt(client.register_prefill_rank, addr, other_policy),
-        "register rank 1": attempt(client.register_prefill_rank, addr,
-                                   dataclasses.replace(reg, attn_tp_rank=1, rank_port=19001)),
-        "info": attempt(client.fetch_server_info, addr),
-        "rank 1": attempt(client.fetch_rank, addr, 0, 0, 1, 0),
-        "unknown rank": attempt(client.fetch_rank, addr, 1, 0, 0, 0),
-        "register room": attempt(client.register_dp_rank, addr, ROOM, 0),
-        "rooms": attempt(client.query_dp_ranks, addr, [ROOM, 3]),
-    }
-
-
-def bootstrap() -> dict:
-    """Each script against a fresh server of each kind, on 127.0.0.1 with free ports."""
-    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
-    from sglang_asym.transfer.bootstrap import BootstrapServer
-
-    with sglang_cpu_context():
-        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVBootstrapServer
-
-        def ours():
-            server = BootstrapServer("127.0.0.1", 0)
-            return server, server.port
-
-        def sglangs():
-            port = _free_port()
-            return MooncakeKVBootstrapServer("127.0.0.1", port), port
-
-        report = {}
-        for script in ("raw", "sglang_client", "our_client"):
-            for kind, start in (("ours", ours), ("sglang", sglangs)):
-                server, port = start()
-                addr = f"127.0.0.1:{port}"
-                try:
-                    _wait_healthy(addr)
-                    if script == "raw":
-                        result = _raw_script(addr)
-                    elif script == "sglang_client":
-                        result = _sglang_client_script(addr, port)
-                    else:
-                        result = _our_client_script(addr)
-                finally:
-                    server.close()
-                report[f"{script}/{kind}"] = result
-        report["sglang_server_class"] = [MooncakeKVBootstrapServer.__name__,
-                                         MooncakeKVBootstrapServer.__mro__[1].__qualname__]
-        return report
 
 
 def _intake_request(rid: str, prompt_len: int):
@@ -1156,7 +993,7 @@ def prefill_stop() -> dict:
             "no_sender": step(KVPoll.Failed, with_sender=False)}
 
 
-CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload, "bootstrap": bootstrap,
+CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload,
           "intake": intake, "asym_hooks": asym_hooks, "force_exit": force_exit,
           "prefill_stop": prefill_stop}
 

@@ -42,8 +42,7 @@ def test_entry_point_registers_and_applies_every_hook(driver_report):
     assert driver_report["patched"] == sorted(ASYM_TARGETS + CPU_LAUNCHER_TARGETS)
 
 
-def test_translation_through_prepare_server_args(driver_report, v41_checkpoint, llama_checkpoint):
-    v41, llama = str(v41_checkpoint), str(llama_checkpoint)
+def test_translation_through_prepare_server_args(driver_report):
     cases = driver_report["cases"]
     assert cases[0] == {"argv": cases[0]["argv"], "mode": "prefill", "device": "cuda",
                         "settings": ["asym-prefill", 128, "asym-exact-encoder"]}
@@ -53,18 +52,13 @@ def test_translation_through_prepare_server_args(driver_report, v41_checkpoint, 
     assert cases[3] == {"argv": cases[3]["argv"], "exit": 2, "stderr": (
         "sglang-asym: error: --disaggregation-mode asym-prefill transfers its prefix state over Mooncake; "
         "--disaggregation-transfer-backend nixl is not supported\n")}
-    # CPU: every V4.1 server, asymmetric or not, stays with SGLang's own engine (the CPU platform), as
-    # every other model does; with SGLANG_ASYM_CPU_RUNTIME=embedded an asymmetric one goes to the
-    # embedded runtime with the unchanged command line.
+    # CPU: every V4.1 server, asymmetric or not, is served by SGLang's own engine (the CPU platform), as
+    # every other model is.
     assert cases[4] == {"argv": cases[4]["argv"], "mode": "decode", "device": "cpu",
                         "settings": ["asym-decode", 128, "asym-exact-encoder"]}
     assert cases[5] == {"argv": cases[5]["argv"], "mode": "null", "device": "cpu", "settings": None}
     assert cases[6] == {"argv": cases[6]["argv"], "mode": "null", "device": "cpu", "settings": None}
-    assert cases[7] == {"argv": cases[4]["argv"], "exit": 7, "stderr": ""}
-    assert driver_report["handed_over"] == [
-        ["--model-path", v41, "--disaggregation-mode", "asym-decode", "--device", "cpu", "--port", "31000"],
-    ]
-    assert llama not in json.dumps(driver_report["handed_over"])
+    assert len(cases) == 7
 
 
 def test_launch_server_help_lists_the_asymmetric_modes():

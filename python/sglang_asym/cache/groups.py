@@ -64,14 +64,8 @@ KIND_FORMATS: dict[GroupKind, KindFormat] = {
     GroupKind.INDEX: KindFormat("mxfp4", "mxfp4", "index_head_dim"),
     GroupKind.TAIL: KindFormat(None, None, "head_dim"),  # value and gate, two fp32 rows of head_dim
 }
-TAIL_ENCODING = "float32-value-gate"
 # wire row formats: the model dtype, or the packed formats of `--cache-quant release` / `v4`
 ROW_FORMATS = ("model", "release", "v4")
-
-
-def row_format_for_cache_quant(cache_quant: str) -> str:
-    """The packed row format that holds a model's quantized caches losslessly (`model` when unquantized)."""
-    return "model" if cache_quant == "none" else cache_quant
 
 
 @dataclass(frozen=True)

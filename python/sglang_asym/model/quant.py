@@ -4,7 +4,7 @@ applied right after RoPE as released."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -14,16 +14,12 @@ from ..formats import CACHE_QUANT_MODES, CacheQuant, quantize_index, quantize_ma
 @dataclass(frozen=True)
 class Quantizer:
     mode: str = "none"
-    checked: bool = True  # refuse non-finite rows (a host sync); False inside captured graphs
+    checked: bool = True  # refuse non-finite rows (a host sync)
     rope_channels: int = 64  # the config's qk_rope_head_dim (the V4 row keeps them in bf16)
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_QUANT_MODES:
             raise ValueError(f"cache quant must be one of {CACHE_QUANT_MODES}, got {self.mode!r}")
-
-    def capture_safe(self) -> "Quantizer":
-        """The same quantization without the host-side refusals, for code inside a CUDA graph."""
-        return replace(self, checked=False)
 
     @property
     def _quant(self) -> CacheQuant:

@@ -3,9 +3,7 @@
   ServerArgs.add_cli_args   AFTER   add the asymmetric modes and --asym-* flags (so --help lists them)
   ServerArgs.from_cli_args  AROUND  refuse a V4.1 checkpoint SGLang's pool cannot hold (servable.py, every
                                     mode); validate + translate asym-* to prefill/decode, attach AsymSettings
-  prepare_server_args       AROUND  argument errors as argparse-style exits; with
-                                    SGLANG_ASYM_CPU_RUNTIME=embedded, CPU servers hand over to the
-                                    embedded runtime (cpu_handover.py)
+  prepare_server_args       AROUND  argument errors as argparse-style exits
   runtime_context.publish   AFTER   in a scheduler process: on CPU, applies cpu_patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
@@ -69,7 +67,7 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import (asym_decode, cpu_handover, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
+from . import (asym_decode, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
                transfer_fallback)
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration, no_symmetric_dspark_layout
@@ -137,12 +135,6 @@ def around_prepare_server_args(original: Callable, argv: list[str]) -> Any:
         # Same shape and status as argparse's own usage errors.
         sys.stderr.write(f"sglang-asym: error: {exc}\n")
         raise SystemExit(2) from None
-    if cpu_handover.should_hand_over(server_args):
-        try:
-            cpu_handover.hand_over(argv)
-        except cpu_handover.CpuHandoverError as exc:
-            sys.stderr.write(f"sglang-asym: error: {exc}\n")
-            raise SystemExit(1) from None
     return server_args
 
 
