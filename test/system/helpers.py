@@ -1,11 +1,10 @@
-"""Request and process helpers shared by the router system tests: prompts, comparable outputs, a running router."""
+"""Request and process helpers shared by the system tests: prompts, comparable outputs, started servers."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 from sglang_asym.testing.server_process import ServerProcess, post, post_stream, wait_healthy
 
 MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
@@ -51,16 +50,3 @@ def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Ite
     finally:
         for server in servers.values():
             server.stop()
-
-
-@contextlib.contextmanager
-def router_over(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor) -> Iterator[RouterProcess]:
-    """A started router of `flavor` in front of one prefill and one decode worker, stopped on exit."""
-    proc = RouterProcess(RouterConfig(prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,),
-                                      port=pick_free_port(), flavor=flavor, retry_max_retries=1,
-                                      extra_args=("--disable-circuit-breaker",)))
-    proc.start(ready_timeout_s=120)
-    try:
-        yield proc
-    finally:
-        proc.stop()

@@ -33,8 +33,9 @@ BATCHES = (2, 8)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
+def stack(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
 
     def started(mode: str, role: str):
         return sglang_server(mode, checkpoint, logs, FLAG, env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})

@@ -29,8 +29,9 @@ DRAFTS = 5  # the checkpoint's dspark_block_size: SGLang's speculative_num_draft
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_dspark")
+def stack(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_dspark")
     servers = {
         "dspark": sglang_server("null", checkpoint, logs, FLAG, "--speculative-algorithm", "DSPARK",
                                 env={"SGLANG_ASYM_FORWARD_LOG": str(work / "dspark.jsonl")}),

@@ -1,5 +1,5 @@
-"""Start, health-check and stop real `python -m sglang_asym.launch_server` processes (demo, benchmarks, tests),
-and small HTTP helpers to talk to them.
+"""Start, health-check and stop real server processes (by default SGLang's `python -m sglang.launch_server`;
+demo, benchmarks, tests), and small HTTP helpers to talk to them.
 
 Every server started here gets SIGKILL when the process (thread) that started it exits, however it exits
 (testing/lifetime.py): a killed pytest or benchmark leaves no server behind."""
@@ -53,7 +53,7 @@ class ServerProcess:
                 self.proc.wait(timeout_s)
 
 
-def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang_asym.launch_server",
+def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang.launch_server",
                  python: str = sys.executable, served_name: str = "v41-small",
                  env: dict[str, str] | None = None, port: int | None = None,
                  bootstrap_port: int | None = None) -> ServerProcess:
