@@ -42,11 +42,14 @@ def output(path: str, body: dict, base: str, detail: Callable[[dict], Any] = gen
 
 @contextlib.contextmanager
 def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Iterator[Mapping[str, ServerProcess]]:
-    """The started servers once all are healthy; every one is stopped on exit."""
+    """The started servers once all are healthy; every one is stopped on exit, also those a case restarted
+    into the mapping (its other values, a module's work folders and routers, are left alone)."""
     try:
         for server in servers.values():
-            wait_healthy(server, timeout_s=timeout_s)
+            if isinstance(server, ServerProcess):
+                wait_healthy(server, timeout_s=timeout_s)
         yield servers
     finally:
         for server in servers.values():
-            server.stop()
+            if isinstance(server, ServerProcess):
+                server.stop()

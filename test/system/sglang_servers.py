@@ -8,13 +8,13 @@ import functools
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
                                                pick_free_port)
-from sglang_asym.testing.server_process import ServerProcess, post, start_server
+from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
 
 from .helpers import ids
 
@@ -146,6 +146,44 @@ def settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
             return used
         time.sleep(1)
     return [used_tokens(s) for s in servers]
+
+
+BACK_TO_EMPTY_S = 60  # after a case, each shared server's used tokens are 0 again within this
+
+
+def broken(servers: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a shared server set after a case: a server that exited, fails /health, or whose
+    used tokens (SGLang's gauge, where it has published one) are not back to 0 within BACK_TO_EMPTY_S."""
+    live = {name: s for name, s in servers.items() if isinstance(s, ServerProcess)}
+    problems = []
+    for name, server in live.items():
+        try:
+            wait_healthy(server, timeout_s=120)
+        except (RuntimeError, TimeoutError) as exc:
+            problems.append(f"{name}: {str(exc).splitlines()[0]}")
+    healthy = [(name, s) for name, s in live.items() if not any(p.startswith(name + ":") for p in problems)]
+    published = [(name, s) for name, s in healthy if metric_sum(s, "sglang:num_used_tokens") is not None]
+    used = settle([s for _, s in published], BACK_TO_EMPTY_S)
+    problems += [f"{name}: {u:g} used tokens {BACK_TO_EMPTY_S} s after the case"
+                 for (name, _), u in zip(published, used) if u]
+    return problems
+
+
+def restore(servers: dict[str, Any]) -> None:
+    """Between the cases of a module's shared server set: nothing to do when every server is healthy with
+    empty pools; otherwise the whole set restarts on its ports (the next case gets working servers, and
+    routers configured with those ports stay valid) and the case that broke it fails here."""
+    problems = broken(servers)
+    if not problems:
+        return
+    names = [name for name, s in servers.items() if isinstance(s, ServerProcess)]
+    for name in names:
+        servers[name].stop()
+    for name in names:
+        servers[name] = servers[name].restarted()
+    for name in names:
+        wait_healthy(servers[name], timeout_s=600)
+    raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
 
 
 def greedy_together(base: str, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:

@@ -29,7 +29,7 @@ from sglang_asym.testing.server_process import post
 
 from .helpers import serving
 from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together,
-                             metric_sum, patient_router, prompt_of, reference_greedy_over_chunks, settle,
+                             metric_sum, patient_router, prompt_of, reference_greedy_over_chunks, restore, settle,
                              sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
@@ -57,6 +57,13 @@ def engines(sglang_checkpoint, dumps, tmp_path_factory):
     }
     with serving(servers, timeout_s=600):
         yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(engines):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(engines)
 
 
 def reference(checkpoint: Path, n: int) -> list[int]:

@@ -33,7 +33,7 @@ from sglang_asym.split import SplitPlan
 
 from .helpers import serving
 from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
-                             mooncake_regions, patient_router, prompt_of, reference_tokens, settle, sglang_server)
+                             mooncake_regions, patient_router, prompt_of, reference_tokens, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -78,7 +78,15 @@ def pairs(request, sglang_checkpoint, tmp_path_factory):
                                 env={**aids("decode"), **(RETRACT_ENV if semantics == ASYM else {})}),
     }
     with serving(servers, timeout_s=600):
-        yield {"semantics": semantics, "work": work, "dumps": dumps, "checkpoint": sglang_checkpoint, **servers}
+        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_checkpoint)
+        yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(pairs):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(pairs)
 
 
 def reference(pairs, n: int) -> list[int]:

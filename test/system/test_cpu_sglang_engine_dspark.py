@@ -17,7 +17,7 @@ import pytest
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, sglang_server, sglang_workspace
+from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, restore, sglang_server, sglang_workspace
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -38,7 +38,15 @@ def stack(sglang_checkpoint, tmp_path_factory):
         "plain": sglang_server("null", checkpoint, logs, FLAG),
     }
     with serving(servers, timeout_s=600):
-        yield {"work": work, **servers}
+        servers["work"] = work
+        yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(stack):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(stack)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

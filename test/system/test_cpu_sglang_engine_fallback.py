@@ -26,7 +26,7 @@ from sglang_asym.testing.server_process import post
 from . import faults
 from .faults import abort
 from .helpers import serving
-from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, sglang_workspace
+from .sglang_servers import metric_sum, patient_router, prompt_of, restore, settle, sglang_server, sglang_workspace
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -53,6 +53,13 @@ def pair(sglang_checkpoint, tmp_path_factory):
     }
     with serving(servers, timeout_s=600):
         yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(pair):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(pair)
 
 
 def _generate(url: str, prompt: list[int], **routing) -> tuple[list[int], float]:

@@ -19,7 +19,7 @@ from sglang_asym.testing.router_launch import RouterFlavor
 
 from .helpers import serving
 from .sglang_servers import (ONE_CHUNK, equal_pool_dumps, greedy, patient_router, prompt_of,
-                             reference_greedy_over_chunks, settle, sglang_server)
+                             reference_greedy_over_chunks, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -45,6 +45,13 @@ def engines(sglang_checkpoint, dumps, tmp_path_factory):
     }
     with serving(servers, timeout_s=600):
         yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(engines):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(engines)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

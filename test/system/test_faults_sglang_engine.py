@@ -35,7 +35,7 @@ from sglang_asym.split import SplitPlan
 from . import faults
 from .faults import abort, first_event, health_generate, open_stream, read_stream, send_stream
 from .helpers import serving
-from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint
+from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -110,6 +110,22 @@ def engine(sglang_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
         finally:
             for server in (pair.prefill, pair.decode):  # the restarted ones (serving() stops the first two)
                 server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _pair_back_after_each_case(engine):
+    """A case that left a worker dead or unhealthy, or the pools not empty, fails here, and the next case
+    gets the pair restarted on its ports (the router's configuration holds)."""
+    yield
+    problems = broken({"prefill": engine.prefill, "decode": engine.decode})
+    if not problems:
+        return
+    for role in ("prefill", "decode"):
+        getattr(engine, role).stop()
+    for role in ("prefill", "decode"):
+        engine.restart(role)
+    warm_gauges(engine)
+    raise AssertionError(f"the case left the pair broken (restarted): {problems}")
 
 
 def record(scenario: str, **facts) -> None:
