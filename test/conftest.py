@@ -5,11 +5,11 @@ the memory a test module cached is given back when the module ends: its `lru_cac
 (the small config's are gigabytes) would otherwise stay in the pytest process for the whole session,
 beside the servers the system tests start later.
 
-The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start servers of
-gigabytes each, form one scope that goes first to one worker and runs there in file order; the system
-tests whose servers load the tiny checkpoint (a few hundred MB each: faults, lifetime, load) form a
-second scope that the other worker takes first, then the in-process test modules, each on one torch
-thread, so the second core is no longer idle while a unit test computes."""
+The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start SGLang servers
+of gigabytes each, form two scopes that go first, one to each worker, and run there in file order: the
+modules with three or four servers up at once, and those with one pair at a time (faults, fallback, DSpark,
+lifetime), so at most six servers are up together; then the in-process test modules, each on one torch
+thread."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by every server and a
 TEST_ROOT = Path(__file__).resolve().parent
 SERVER_TESTS = TEST_ROOT / "system"
 SERVER_GROUP = "servers"
-TINY_SERVER_GROUP = "tiny-servers"
-# system test modules whose servers load only the tiny checkpoint: they fit beside the big servers
-TINY_SERVER_MODULES = frozenset({"test_dead_peer.py", "test_fault_recovery.py", "test_faults.py", "test_lifetime.py",
-                                 "test_load_and_fallback.py"})
+PAIR_SERVER_GROUP = "pair-servers"
+# system test modules with at most one P / D pair (two servers) up at a time: they fit beside the others
+PAIR_SERVER_MODULES = frozenset({"test_cpu_sglang_engine_dspark.py", "test_cpu_sglang_engine_fallback.py",
+                                 "test_faults_sglang_engine.py", "test_lifetime.py"})
 
 
 def _starts_servers(item) -> bool:
@@ -52,13 +52,13 @@ def server_scope(nodeid: str) -> str | None:
     if not nodeid.startswith(prefix):
         return None
     module = nodeid.removeprefix(prefix).split("::", 1)[0]
-    return TINY_SERVER_GROUP if module in TINY_SERVER_MODULES else SERVER_GROUP
+    return PAIR_SERVER_GROUP if module in PAIR_SERVER_MODULES else SERVER_GROUP
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` here means: the system tests in two scopes (the tiny-checkpoint ones, and all
-    others; each on one worker, file order), every other module a scope of its own (a module's cached
+    """`--dist loadgroup` here means: the system tests in two scopes (the one-pair ones, and all others;
+    each on one worker, file order), every other module a scope of its own (a module's cached
     models load on one worker only). xdist 3.8's own loadgroup marks groups by rewriting
     `item._nodeid`, which pytest 9 no longer reads."""
     if config.getvalue("dist") != "loadgroup":

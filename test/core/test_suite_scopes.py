@@ -1,5 +1,5 @@
-"""The suite's xdist scopes (test/conftest.py): system tests in two scopes, the tiny-checkpoint ones apart
-(they run beside the big servers on the other worker, so they must stay light), other tests by module."""
+"""The suite's xdist scopes (test/conftest.py): system tests in two scopes, the one-pair ones apart (they run
+beside the bigger server sets on the other worker, so they must stay light), other tests by module."""
 
 import importlib.util
 import re
@@ -17,17 +17,18 @@ def _suite_conftest():
 
 def test_the_scope_of_each_kind_of_test():
     conftest = _suite_conftest()
-    assert conftest.server_scope("test/system/test_faults.py::test_a[x]") == "tiny-servers"
-    assert conftest.server_scope("test/system/test_dead_peer.py::test_b") == "tiny-servers"
-    assert conftest.server_scope("test/system/test_router_pd.py::test_c") == "servers"
+    assert conftest.server_scope("test/system/test_faults_sglang_engine.py::test_a[x]") == "pair-servers"
+    assert conftest.server_scope("test/system/test_lifetime.py::test_b") == "pair-servers"
+    assert conftest.server_scope("test/system/test_cpu_sglang_engine_asym.py::test_c") == "servers"
     assert conftest.server_scope("test/system/test_cpu_sglang_engine.py::test_d[1]") == "servers"
     assert conftest.server_scope("test/core/test_split.py::test_e") is None
 
 
-def test_the_tiny_server_modules_start_only_tiny_checkpoint_servers():
+def test_the_pair_server_modules_start_at_most_two_servers():
     conftest = _suite_conftest()
-    for name in sorted(conftest.TINY_SERVER_MODULES):
+    for name in sorted(conftest.PAIR_SERVER_MODULES):
         source = (TEST_ROOT / "system" / name).read_text()
-        assert "tiny_checkpoint" in source, name
-        heavy = re.findall(r"\b(small_checkpoint|sglang_checkpoint|write_sglang_checkpoint|cluster)\b", source)
-        assert heavy == [], (name, heavy)
+        if name == "test_lifetime.py":  # its driver starts the servers
+            source = (TEST_ROOT / "system" / "lifetime_driver.py").read_text()
+        starts = re.findall(r"\bsglang_server\(", source)
+        assert 1 <= len(starts) <= 2, (name, starts)

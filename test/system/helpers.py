@@ -1,11 +1,10 @@
-"""Request and process helpers shared by the router system tests: prompts, comparable outputs, a running router."""
+"""Request and process helpers shared by the system tests: prompts, comparable outputs, started servers."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Callable, Iterator, Mapping
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 from sglang_asym.testing.server_process import ServerProcess, post, post_stream, wait_healthy
 
 MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
@@ -43,24 +42,14 @@ def output(path: str, body: dict, base: str, detail: Callable[[dict], Any] = gen
 
 @contextlib.contextmanager
 def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Iterator[Mapping[str, ServerProcess]]:
-    """The started servers once all are healthy; every one is stopped on exit."""
+    """The started servers once all are healthy; every one is stopped on exit, also those a case restarted
+    into the mapping (its other values, a module's work folders and routers, are left alone)."""
     try:
         for server in servers.values():
-            wait_healthy(server, timeout_s=timeout_s)
+            if isinstance(server, ServerProcess):
+                wait_healthy(server, timeout_s=timeout_s)
         yield servers
     finally:
         for server in servers.values():
-            server.stop()
-
-
-@contextlib.contextmanager
-def router_over(prefill: ServerProcess, decode: ServerProcess, flavor: RouterFlavor) -> Iterator[RouterProcess]:
-    """A started router of `flavor` in front of one prefill and one decode worker, stopped on exit."""
-    proc = RouterProcess(RouterConfig(prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,),
-                                      port=pick_free_port(), flavor=flavor, retry_max_retries=1,
-                                      extra_args=("--disable-circuit-breaker",)))
-    proc.start(ready_timeout_s=120)
-    try:
-        yield proc
-    finally:
-        proc.stop()
+            if isinstance(server, ServerProcess):
+                server.stop()

@@ -4,16 +4,17 @@ SGLang's pool counter, and the reference model over SGLang's chunks (shared by t
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
                                                pick_free_port)
-from sglang_asym.testing.server_process import ServerProcess, post, start_server
+from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
 
 from .helpers import ids
 
@@ -47,12 +48,12 @@ def write_sglang_checkpoint(out: Path) -> Path:
     return out
 
 
-def sglang_workspace(tmp_path_factory: Any, name: str) -> tuple[Path, Path, Path]:
-    """A module's work folder, the SGLang-geometry checkpoint written in it and an empty logs folder."""
+def sglang_workspace(tmp_path_factory: Any, name: str) -> tuple[Path, Path]:
+    """A module's work folder and an empty logs folder in it."""
     work = tmp_path_factory.mktemp(name)
     logs = work / "logs"
     logs.mkdir()
-    return work, write_sglang_checkpoint(work / "ckpt"), logs
+    return work, logs
 
 
 @contextlib.contextmanager
@@ -147,6 +148,44 @@ def settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
     return [used_tokens(s) for s in servers]
 
 
+BACK_TO_EMPTY_S = 60  # after a case, each shared server's used tokens are 0 again within this
+
+
+def broken(servers: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a shared server set after a case: a server that exited, fails /health, or whose
+    used tokens (SGLang's gauge, where it has published one) are not back to 0 within BACK_TO_EMPTY_S."""
+    live = {name: s for name, s in servers.items() if isinstance(s, ServerProcess)}
+    problems = []
+    for name, server in live.items():
+        try:
+            wait_healthy(server, timeout_s=120)
+        except (RuntimeError, TimeoutError) as exc:
+            problems.append(f"{name}: {str(exc).splitlines()[0]}")
+    healthy = [(name, s) for name, s in live.items() if not any(p.startswith(name + ":") for p in problems)]
+    published = [(name, s) for name, s in healthy if metric_sum(s, "sglang:num_used_tokens") is not None]
+    used = settle([s for _, s in published], BACK_TO_EMPTY_S)
+    problems += [f"{name}: {u:g} used tokens {BACK_TO_EMPTY_S} s after the case"
+                 for (name, _), u in zip(published, used) if u]
+    return problems
+
+
+def restore(servers: dict[str, Any]) -> None:
+    """Between the cases of a module's shared server set: nothing to do when every server is healthy with
+    empty pools; otherwise the whole set restarts on its ports (the next case gets working servers, and
+    routers configured with those ports stay valid) and the case that broke it fails here."""
+    problems = broken(servers)
+    if not problems:
+        return
+    names = [name for name, s in servers.items() if isinstance(s, ServerProcess)]
+    for name in names:
+        servers[name].stop()
+    for name in names:
+        servers[name] = servers[name].restarted()
+    for name in names:
+        wait_healthy(servers[name], timeout_s=600)
+    raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
+
+
 def greedy_together(base: str, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
     """Greedy outputs of `prompts` sent all at once (one thread each), in prompt order; ignore_eos, so every
     request decodes `new_tokens` steps and they share the scheduler's batches for as long as possible."""
@@ -176,11 +215,47 @@ def reference_greedy_over_chunks(checkpoint: Path, prompt: list[int], chunk: int
                                  cache_quant: str = "release") -> list[int]:
     """Greedy tokens of the reference model run over SGLang's chunks of `chunk` prompt tokens, each cut
     where the reference forward cuts it (reference_forward.pieces), then decoded one token at a time, with
-    the caches quantized as `cache_quant` (SGLang's pool layout: release for v41, v4 for v4)."""
+    the caches quantized as `cache_quant` (SGLang's pool layout: release for v41, v4 for v4). A colocated
+    server whose --chunked-prefill-size is at least the prompt, and SGLang's symmetric pair, compute the
+    prompt in one chunk: `chunk` = ONE_CHUNK."""
+    return list(reference_tokens(checkpoint, tuple(prompt), chunk, cache_quant))
+
+
+ONE_CHUNK = 8192  # above every prompt of the system tests: SGLang's default chunked-prefill size and more
+
+
+@functools.lru_cache(maxsize=2)
+def reference_model(checkpoint: Path, cache_quant: str) -> Any:
+    """The reference model of a checkpoint in this process, loaded once per module (the root conftest clears
+    this cache when the module ends)."""
     from sglang_asym.model.loading import model_from_checkpoint
 
-    model = model_from_checkpoint(checkpoint, cache_quant=cache_quant)
-    return reference_lifecycle(model, prompt, chunk, NEW_TOKENS)
+    return model_from_checkpoint(checkpoint, cache_quant=cache_quant)
+
+
+@functools.lru_cache(maxsize=256)
+def reference_tokens(checkpoint: Path, prompt: tuple[int, ...], chunk: int, cache_quant: str = "release",
+                     semantics: str | None = None, new_tokens: int = NEW_TOKENS) -> tuple[int, ...]:
+    """What the servers are compared with: the reference model's greedy tokens for `prompt`, computed once per
+    module. `semantics` None: SGLang's colocated / symmetric computation (reference_lifecycle over chunks of
+    `chunk` tokens); an asymmetric semantics: the asym pair's (asym_reference)."""
+    model = reference_model(checkpoint, cache_quant)
+    if semantics is None:
+        return tuple(reference_lifecycle(model, list(prompt), chunk, new_tokens))
+    return tuple(asym_reference(model, list(prompt), chunk, semantics, new_tokens))
+
+
+def asym_reference(model: Any, prompt: list[int], prefill_chunk: int, semantics: str, count: int) -> list[int]:
+    """The greedy tokens an asym-prefill / asym-decode pair of `semantics` computes: P runs [0, B) in SGLang's
+    chunks of `prefill_chunk` tokens, D runs the window [B, N) with the semantics' floors in the reference
+    forward's window chunks, then decodes one token at a time (the reference model is not chunk-invariant
+    bit for bit, so the pieces are the pair's)."""
+    from sglang_asym.split import Semantics
+
+    n, window = len(prompt), model.cfg.sliding_window
+    boundary = max(n - window, 0)
+    spans = [(s, min(s + prefill_chunk, boundary)) for s in range(0, boundary, prefill_chunk)] + [(boundary, n)]
+    return _run_spans(model, prompt, spans, Semantics.parse(semantics), count)
 
 
 def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
@@ -189,23 +264,37 @@ def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
     of `chunk` tokens with that sequence's floors, then `count` greedy tokens. A first lifecycle samples its
     first token from the prompt's last row; a rebootstrap after a retraction (`replayed`: the output token
     SGLang kept aside) discards that sample and decodes on from the replayed token, which is not counted."""
+    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS
+
+    spans = [(s, min(s + chunk, len(sequence))) for s in range(0, len(sequence), chunk)]
+    return _run_spans(model, sequence, spans, DEFAULT_SEMANTICS, count, replayed)
+
+
+def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], semantics: Any, count: int,
+               replayed: int | None = None) -> list[int]:
+    """`sequence` forwarded as the SGLang forwards `spans` (each cut into the reference forward's pieces,
+    with the floors of `semantics`), then greedy decoding: see reference_lifecycle for `replayed`."""
     from sglang_asym.cache import CacheSizing
-    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, RequestRows, pieces
+    from sglang_asym.sglang_plugin.reference_forward import RequestRows, pieces
 
     cfg, n = model.cfg, len(sequence)
     tokens = torch.tensor(sequence)
     cache = model.new_cache_set(CacheSizing(1, n + count + 2, 64)).new_request()
-    logits = None
-    for start in range(0, n, chunk):
-        rows = RequestRows(0, start, tokens[start:start + chunk], n)
-        for piece, floors in pieces(rows, cfg, cfg.sliding_window, DEFAULT_SEMANTICS, 32):
-            cache.swa_floor.update(floors)
-            logits = model(piece.tokens, cache, logits="last")
-    out, last = [], replayed if replayed is not None else int(logits.argmax())
-    if replayed is None:
-        out.append(last)
-    while len(out) < count:
-        last = int(model(torch.tensor([last]), cache, logits="last").argmax())
-        out.append(last)
-    cache.release()
-    return out
+    try:
+        logits = None
+        for start, end in spans:
+            if end <= start:
+                continue
+            rows = RequestRows(0, start, tokens[start:end], n)
+            for piece, floors in pieces(rows, cfg, cfg.sliding_window, semantics, 32):
+                cache.swa_floor.update(floors)
+                logits = model(piece.tokens, cache, logits="last")
+        out, last = [], replayed if replayed is not None else int(logits.argmax())
+        if replayed is None:
+            out.append(last)
+        while len(out) < count:
+            last = int(model(torch.tensor([last]), cache, logits="last").argmax())
+            out.append(last)
+        return out
+    finally:
+        cache.release()

@@ -2,20 +2,18 @@
 its scheduler, PD queues, Mooncake KV manager over TCP, tokenizer manager, detokenizer and HTTP server,
 with the project's reference forward over SGLang's DeepSeekV4TokenToKVPool (cpu_platform.py).
 
-Against the embedded runtime's `--disaggregation-mode null` (decoder replay, computed exactly):
+Against the reference model computed in this process (decoder replay, the caches at the release formats
+of SGLang's v41 pool, over exactly SGLang's chunks: the reference model is not chunk-invariant bit for bit):
 - `null` with a chunked-prefill size above the prompt, and SGLang's symmetric `prefill` / `decode`
-  over Mooncake behind sglang-router and smg, give the same greedy tokens for N in {1, 127, 128, 129,
-  130, 600, 1500}, one request at a time, and after each of the pair's transfers D's pool holds P's rows
-  byte for byte;
-- with a chunked-prefill size below the prompt, SGLang's chunks are other forwards than the embedded
-  runtime's one-pass prefix (a release-format rounding can flip between them), so the greedy tokens
-  are checked against the reference model run in-process over exactly those chunks;
+  over Mooncake behind sglang-router and smg, give the reference's greedy tokens for N in {1, 127, 128,
+  129, 130, 600, 1500}, one request at a time, and after each of the pair's transfers D's pool holds P's
+  rows byte for byte;
+- with a chunked-prefill size below the prompt, the reference over those chunks;
 - 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
   serving; a kept-alive connection outlives SGLang's 5 s default; aborted requests, and requests SGLang
   retracts (its SGLANG_TEST_RETRACT switch, on D and on a colocated server), leave SGLang's own pool
   counters where they started.
-The file sorts before the other system tests on purpose: its five servers are up and gone before the
-session's embedded cluster starts, which keeps the suite's peak memory within the 24 GB machine.
+One module-scoped set of four servers serves every case.
 """
 
 from __future__ import annotations
@@ -27,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import post, start_server
+from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
-                             patient_router, prompt_of, reference_greedy_over_chunks, settle, sglang_server,
-                             write_sglang_checkpoint)
+from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together,
+                             metric_sum, patient_router, prompt_of, reference_greedy_over_chunks, restore, settle,
+                             sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -47,16 +45,10 @@ def dumps(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sglang_checkpoint(tmp_path_factory) -> Path:
-    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_ckpt"))
-
-
-@pytest.fixture(scope="module")
 def engines(sglang_checkpoint, dumps, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_engine_logs")
     dump_env = {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
     servers = {
-        "reference": start_server("null", sglang_checkpoint, logs),  # the embedded runtime
         "null": sglang_server("null", sglang_checkpoint, logs),
         "null_small_chunks": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK),
                                            env=RETRACT_ENV),
@@ -67,31 +59,27 @@ def engines(sglang_checkpoint, dumps, tmp_path_factory):
         yield servers
 
 
-_REFERENCE: dict[int, list[int]] = {}
-
-
-def reference(engines, n: int) -> list[int]:
-    """The embedded runtime's greedy tokens for prompt_of(n), computed once per module (the null and both
-    router tests compare against the same prompts)."""
-    if n not in _REFERENCE:
-        _REFERENCE[n] = greedy(engines["reference"].url, prompt_of(n))
-    return _REFERENCE[n]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_the_reference():
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(engines):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
     yield
-    _REFERENCE.clear()
+    restore(engines)
+
+
+def reference(checkpoint: Path, n: int) -> list[int]:
+    """The reference's greedy tokens for prompt_of(n) in one chunk (cached: the null and both router tests
+    compare against the same prompts)."""
+    return reference_greedy_over_chunks(checkpoint, prompt_of(n), ONE_CHUNK)
 
 
 @pytest.mark.parametrize("n", LENGTHS)
-def test_null_equals_the_embedded_runtime(engines, n):
-    assert greedy(engines["null"].url, prompt_of(n)) == reference(engines, n)
+def test_null_equals_the_reference(engines, sglang_checkpoint, n):
+    assert greedy(engines["null"].url, prompt_of(n)) == reference(sglang_checkpoint, n)
 
 
 @pytest.mark.parametrize("flavor, lengths", [(RouterFlavor.SGLANG_ROUTER, LENGTHS), (RouterFlavor.SMG, (1, 129, 600))],
                          ids=["sglang-router", "smg"])
-def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, dumps, flavor, lengths):
+def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_checkpoint, dumps, flavor, lengths):
     """Equal greedy tokens; and after each transfer, every row a later step reads (each layer's last-window
     rows, every compressed row and index key, the pending compressor token), read out of P's pool after
     its prefill and out of D's pool right after SGLang's Mooncake transfer committed the request, is the
@@ -100,7 +88,7 @@ def test_symmetric_pd_behind_the_router_equals_the_embedded_runtime(engines, dum
         old.unlink()
     with patient_router(engines["prefill"], engines["decode"], flavor) as router:
         for n in lengths:
-            assert greedy(router.url, prompt_of(n)) == reference(engines, n), f"N={n}"
+            assert greedy(router.url, prompt_of(n)) == reference(sglang_checkpoint, n), f"N={n}"
     seen_lengths = []
     for n, p in equal_pool_dumps(dumps, len(lengths)):
         seen_lengths.append(n)

@@ -1,10 +1,10 @@
 """The asymmetric modes inside SGLang 0.5.23's own engine on CPU: `python -m sglang.launch_server --device cpu
---disaggregation-mode asym-prefill | asym-decode` behind sglang-router and smg, against the embedded
-runtime's asym-prefill / asym-decode pair with the same semantics (each semantics is one module-scoped
-set of four servers, started after the other set stopped):
-- greedy outputs are equal for prompts across the window boundary, one request at a time;
+--disaggregation-mode asym-prefill | asym-decode` behind sglang-router and smg, against the reference model
+computed in this process with the same semantics over the pair's forwards (P's prefill chunks of [0, B), D's
+window chunks of [B, N)); each semantics is one module-scoped pair, started after the other pair stopped:
+- greedy outputs equal the reference's for prompts across the window boundary, one request at a time;
 - P ran layers 0-19 and layer 20's KV path on [0, B) only (asym-exact-encoder: in SGLang's 512-token
-  prefill chunks, the embedded P chunking alike), and no forward at all for N <= W; D ran
+  prefill chunks), and no forward at all for N <= W; D ran
   every layer over [B, N) in window chunks of at most 32 rows (the reference forward's log, a test aid);
 - D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps), and
   the bytes P wrote per request (its /metrics counter) are exactly the SplitPlan manifest's;
@@ -14,7 +14,6 @@ set of four servers, started after the other set stopped):
 - aborted requests leave SGLang's own pool counters at zero on both workers;
 - requests SGLang retracts on D (its SGLANG_TEST_RETRACT switch, on the `asym` pair's D) are
   rebootstrapped through P and complete, short ones too while P computes a long prompt.
-Sorts after test_cpu_sglang_engine.py and before the embedded clusters, for the same memory reason.
 """
 
 from __future__ import annotations
@@ -28,14 +27,13 @@ from pathlib import Path
 import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import post, start_server
+from sglang_asym.testing.server_process import post
 from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from .helpers import serving
 from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
-                             mooncake_regions, patient_router, prompt_of, settle, sglang_server,
-                             write_sglang_checkpoint)
+                             mooncake_regions, patient_router, prompt_of, reference_tokens, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -54,11 +52,6 @@ SGLANG_TRANSFER_MB = "sglang:kv_transfer_total_mb_sum"  # SGLang's own per-reque
 RUNNER_TOKENS = 96  # decodes while the late request's prefix (256 rows on P) and window (4 chunks on D) run
 
 
-@pytest.fixture(scope="module")
-def sglang_checkpoint(tmp_path_factory) -> Path:
-    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_asym_ckpt"))
-
-
 BOTH = pytest.mark.parametrize("pairs", [EXACT, ASYM], indirect=True)
 # semantics-independent checks (scheduling, concurrency, the second router) run with one semantics
 EXACT_ONLY = pytest.mark.parametrize("pairs", [EXACT], indirect=True)
@@ -67,13 +60,13 @@ ASYM_ONLY = pytest.mark.parametrize("pairs", [ASYM], indirect=True)  # its D ret
 
 @pytest.fixture(scope="module")
 def pairs(request, sglang_checkpoint, tmp_path_factory):
-    """SGLang's asym pair (pool dumps and forward logs on) and the embedded runtime's, for one semantics."""
+    """SGLang's asym pair (pool dumps and forward logs on) for one semantics."""
     semantics = request.param
     work = tmp_path_factory.mktemp(f"asym_{semantics}")
     logs, dumps = work / "logs", work / "dumps"
     logs.mkdir()
     dumps.mkdir()
-    # both stacks compute P's prefix in the same chunks (the reference model is not chunk-invariant bit for bit)
+    # the reference computes P's prefix in the same chunks (the reference model is not chunk-invariant bit for bit)
     flags = ("--asym-semantics", semantics, "--chunked-prefill-size", str(PREFILL_CHUNK[semantics]))
 
     def aids(role: str) -> dict[str, str]:
@@ -83,11 +76,24 @@ def pairs(request, sglang_checkpoint, tmp_path_factory):
         "prefill": sglang_server("asym-prefill", sglang_checkpoint, logs, *flags, env=aids("prefill")),
         "decode": sglang_server("asym-decode", sglang_checkpoint, logs, *flags,
                                 env={**aids("decode"), **(RETRACT_ENV if semantics == ASYM else {})}),
-        "ref_prefill": start_server("asym-prefill", sglang_checkpoint, logs, *flags),
-        "ref_decode": start_server("asym-decode", sglang_checkpoint, logs, *flags),
     }
     with serving(servers, timeout_s=600):
-        yield {"semantics": semantics, "work": work, "dumps": dumps, **servers}
+        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_checkpoint)
+        yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(pairs):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(pairs)
+
+
+def reference(pairs, n: int) -> list[int]:
+    """The reference's greedy tokens for prompt_of(n) as the pair of this semantics computes them (cached)."""
+    semantics = pairs["semantics"]
+    return list(reference_tokens(pairs["checkpoint"], tuple(prompt_of(n)), PREFILL_CHUNK[semantics], "release",
+                                 semantics))
 
 
 def _forwards(pairs, role: str) -> list[dict]:
@@ -103,18 +109,17 @@ def _forget_logs(pairs) -> None:
 
 
 @BOTH
-def test_greedy_outputs_equal_the_embedded_pair_behind_sglang_router(pairs):
+def test_greedy_outputs_equal_the_reference_behind_sglang_router(pairs):
     """Equal greedy tokens for every length; what each role computed (the forward logs); and per request,
     the bytes on the wire and D's pool rows (the transfer checks below)."""
     _forget_logs(pairs)
     lengths = LENGTHS
     shipped, reported = [], []
-    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as ours, \
-            patient_router(pairs["ref_prefill"], pairs["ref_decode"], RouterFlavor.SGLANG_ROUTER) as reference:
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as ours:
         for n in lengths:
             prompt = prompt_of(n)
             before = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
-            assert greedy(ours.url, prompt) == greedy(reference.url, prompt), f"N={n}"
+            assert greedy(ours.url, prompt) == reference(pairs, n), f"N={n}"
             after = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
             shipped.append(int(after[0] - before[0]))
             reported.append(round((after[1] - before[1]) * 2**20))
@@ -161,12 +166,10 @@ def _check_what_each_role_computed(pairs, lengths) -> None:
 
 
 @EXACT_ONLY
-def test_greedy_outputs_equal_the_embedded_pair_behind_smg(pairs):
-    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SMG) as ours, \
-            patient_router(pairs["ref_prefill"], pairs["ref_decode"], RouterFlavor.SMG) as reference:
+def test_greedy_outputs_equal_the_reference_behind_smg(pairs):
+    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SMG) as ours:
         for n in SMG_LENGTHS:
-            prompt = prompt_of(n)
-            assert greedy(ours.url, prompt) == greedy(reference.url, prompt), f"N={n}"
+            assert greedy(ours.url, prompt_of(n)) == reference(pairs, n), f"N={n}"
 
 
 def _check_the_bytes_on_the_wire(pairs, lengths, shipped: list[int], reported: list[int]) -> None:

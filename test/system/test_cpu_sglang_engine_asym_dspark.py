@@ -63,8 +63,9 @@ def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_asym_dspark")
+def runs(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_asym_dspark")
     decode_log = work / "decode.jsonl"
     prefill = {"prefill": sglang_server("asym-prefill", checkpoint, logs, FLAG)}
     with serving(prefill, timeout_s=600):

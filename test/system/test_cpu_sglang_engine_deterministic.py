@@ -20,7 +20,7 @@ import pytest
 from sglang_asym.testing.router_launch import RouterFlavor
 
 from .helpers import MODEL, output, serving
-from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, server_info,
+from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, restore, server_info,
                              sglang_server, sglang_workspace)
 
 pytestmark = pytest.mark.timeout(1200)
@@ -33,8 +33,9 @@ BATCHES = (2, 8)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
+def stack(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
 
     def started(mode: str, role: str):
         return sglang_server(mode, checkpoint, logs, FLAG, env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})
@@ -43,7 +44,15 @@ def stack(tmp_path_factory):
                "decode": started("asym-decode", "decode")}
     with serving(servers, timeout_s=600):
         with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-            yield {"work": work, "router": router, **servers}
+            servers.update(work=work, router=router)
+            yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(stack):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(stack)
 
 
 def _log(stack, role: str) -> Path:

@@ -17,7 +17,7 @@ import pytest
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, sglang_server, sglang_workspace
+from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, restore, sglang_server, sglang_workspace
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -29,15 +29,24 @@ DRAFTS = 5  # the checkpoint's dspark_block_size: SGLang's speculative_num_draft
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_dspark")
+def stack(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_dspark")
     servers = {
         "dspark": sglang_server("null", checkpoint, logs, FLAG, "--speculative-algorithm", "DSPARK",
                                 env={"SGLANG_ASYM_FORWARD_LOG": str(work / "dspark.jsonl")}),
         "plain": sglang_server("null", checkpoint, logs, FLAG),
     }
     with serving(servers, timeout_s=600):
-        yield {"work": work, **servers}
+        servers["work"] = work
+        yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(stack):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(stack)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

@@ -24,9 +24,9 @@ from sglang_asym.testing.router_launch import RouterFlavor, pick_free_port
 from sglang_asym.testing.server_process import post
 
 from . import faults
+from .faults import abort
 from .helpers import serving
-from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, sglang_workspace
-from .test_fault_recovery import abort
+from .sglang_servers import metric_sum, patient_router, prompt_of, restore, settle, sglang_server, sglang_workspace
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -41,8 +41,9 @@ PREFIX_LINE = re.compile(r"recomputed its (\d+)-token prefix on this decode work
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    work, checkpoint, logs = sglang_workspace(tmp_path_factory, "sglang_fallback")
+def pair(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_fallback")
     # P computes each prefix in one forward, as the fallback does (the reference model is not chunk-invariant
     # bit for bit)
     servers = {
@@ -52,6 +53,13 @@ def pair(tmp_path_factory):
     }
     with serving(servers, timeout_s=600):
         yield servers
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(pair):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(pair)
 
 
 def _generate(url: str, prompt: list[int], **routing) -> tuple[list[int], float]:

@@ -1,11 +1,11 @@
 """SGLang's own engine on CPU with the `v4` KV pool layout (SGLANG_DSV4_KV_LAYOUT=v4, what SGLang picks on
 an H200): window and compressed KV rows of 448 fp8 nope + 64 bf16 rope channels (584 bytes), index keys
-as in v41. The reference forward then quantizes its caches the same way (`--cache-quant v4`), so:
-- `null` with a chunked-prefill size of 256 gives the embedded runtime's `null --cache-quant v4` greedy
-  tokens for prompts that fit one chunk, and for longer ones the reference model's over the same chunks;
-- SGLang's symmetric `prefill` / `decode` over Mooncake behind sglang-router gives the embedded runtime's
-  tokens for N in {1, 127, 128, 129, 130, 600, 1500}, and after each transfer D's pool holds P's V4 rows
-  at its own slots byte for byte.
+as in v41. The reference forward then quantizes its caches the same way, and so does the reference model
+computed in this process (cache_quant v4):
+- `null` with a chunked-prefill size of 256 gives the reference's greedy tokens over the same chunks;
+- SGLang's symmetric `prefill` / `decode` over Mooncake behind sglang-router gives the reference's tokens
+  (one chunk) for N in {1, 127, 128, 129, 130, 600, 1500}, and after each transfer D's pool holds P's V4
+  rows at its own slots byte for byte.
 The v41 layout (the CPU default, B300's choice) is test_cpu_sglang_engine.py's.
 """
 
@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import start_server
 
 from .helpers import serving
-from .sglang_servers import (equal_pool_dumps, greedy, patient_router, prompt_of, reference_greedy_over_chunks,
-                             settle, sglang_server, write_sglang_checkpoint)
+from .sglang_servers import (ONE_CHUNK, equal_pool_dumps, greedy, patient_router, prompt_of,
+                             reference_greedy_over_chunks, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -36,16 +35,10 @@ def dumps(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sglang_checkpoint(tmp_path_factory) -> Path:
-    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_ckpt_v4"))
-
-
-@pytest.fixture(scope="module")
 def engines(sglang_checkpoint, dumps, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_engine_v4_logs")
     pair_env = {**V4_ENV, "SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
     servers = {
-        "reference": start_server("null", sglang_checkpoint, logs, "--cache-quant", "v4"),  # the embedded runtime
         "null": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(CHUNK), env=V4_ENV),
         "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=pair_env),
         "decode": sglang_server("decode", sglang_checkpoint, logs, env=pair_env),
@@ -54,12 +47,14 @@ def engines(sglang_checkpoint, dumps, tmp_path_factory):
         yield servers
 
 
-@pytest.mark.parametrize("n", [n for n in LENGTHS if n <= CHUNK])
-def test_null_in_one_chunk_equals_the_embedded_runtime(engines, n):
-    assert greedy(engines["null"].url, prompt_of(n)) == greedy(engines["reference"].url, prompt_of(n))
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(engines):
+    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(engines)
 
 
-@pytest.mark.parametrize("n", [n for n in LENGTHS if n > CHUNK])
+@pytest.mark.parametrize("n", LENGTHS)
 def test_null_over_chunks_equals_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
     prompt = prompt_of(n)
     assert greedy(engines["null"].url, prompt) == reference_greedy_over_chunks(sglang_checkpoint, prompt, CHUNK, "v4")
@@ -73,10 +68,12 @@ def test_the_layout_changes_the_tokens(engines, sglang_checkpoint):
                                                                                 "release")
 
 
-def test_symmetric_pd_behind_sglang_router_equals_the_embedded_runtime_and_ships_v4_rows(engines, dumps):
+def test_symmetric_pd_behind_sglang_router_equals_the_reference_and_ships_v4_rows(engines, sglang_checkpoint, dumps):
     with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         for n in LENGTHS:
-            assert greedy(router.url, prompt_of(n)) == greedy(engines["reference"].url, prompt_of(n)), f"N={n}"
+            prompt = prompt_of(n)
+            assert greedy(router.url, prompt) == reference_greedy_over_chunks(sglang_checkpoint, prompt, ONE_CHUNK,
+                                                                              "v4"), f"N={n}"
     seen = []
     for n, p in equal_pool_dumps(dumps, len(LENGTHS)):
         seen.append(n)

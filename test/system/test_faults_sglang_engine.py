@@ -1,7 +1,8 @@
 """Faults against the asymmetric pair inside SGLang 0.5.23's own engine (`python -m sglang.launch_server
 --device cpu --disaggregation-mode asym-prefill | asym-decode`, the small checkpoint) behind sglang-router
-with per-worker health checks (router_launch.WorkerHealth): the scenarios of test_faults.py and
-test_fault_recovery.py that the embedded runtime's pair passes, on the product stack.
+with per-worker health checks (router_launch.WorkerHealth): client disconnects, aborts, killed and frozen
+workers, drains and more requests than D runs at once, on one shared pair whose killed workers restart on
+their ports.
 
 SGLang's own transfer deadlines are shortened for the stack (FAULT_ENV): P waits BOOTSTRAP_TIMEOUT_S for
 D's handshake, D waits WAITING_TIMEOUT_S for P's rows, D probes P's bootstrap server every second.
@@ -32,10 +33,9 @@ from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from . import faults
-from .faults import first_event, open_stream, read_stream
+from .faults import abort, first_event, health_generate, open_stream, read_stream, send_stream
 from .helpers import serving
-from .sglang_servers import metric_sum, patient_router, prompt_of, settle, sglang_server, write_sglang_checkpoint
-from .test_fault_recovery import abort, health_generate, send_stream
+from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -71,11 +71,6 @@ FROZEN_ANSWER_S = 10.0  # requests stuck on a frozen P are answered (an error) t
 DRAIN_P_EXIT_S = 60.0  # P exits this long after SIGTERM at most (its running prefix is computed and shipped first)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_fault_ckpt"))
-
-
 class EnginePair:
     """The two SGLang servers; a killed worker restarts on its own ports (the router's configuration holds)."""
 
@@ -102,8 +97,8 @@ class EnginePair:
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
-    pair = EnginePair(checkpoint, tmp_path_factory.mktemp("sglang_faults"))
+def engine(sglang_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
+    pair = EnginePair(sglang_checkpoint, tmp_path_factory.mktemp("sglang_faults"))
     with serving({"prefill": pair.prefill, "decode": pair.decode}, timeout_s=300), \
             patient_router(pair.prefill, pair.decode, ROUTER, HEALTH,
                            pair.logs / "router.log") as router:
@@ -115,6 +110,22 @@ def engine(checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
         finally:
             for server in (pair.prefill, pair.decode):  # the restarted ones (serving() stops the first two)
                 server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _pair_back_after_each_case(engine):
+    """A case that left a worker dead or unhealthy, or the pools not empty, fails here, and the next case
+    gets the pair restarted on its ports (the router's configuration holds)."""
+    yield
+    problems = broken({"prefill": engine.prefill, "decode": engine.decode})
+    if not problems:
+        return
+    for role in ("prefill", "decode"):
+        getattr(engine, role).stop()
+    for role in ("prefill", "decode"):
+        engine.restart(role)
+    warm_gauges(engine)
+    raise AssertionError(f"the case left the pair broken (restarted): {problems}")
 
 
 def record(scenario: str, **facts) -> None:

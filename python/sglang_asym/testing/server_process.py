@@ -1,5 +1,5 @@
-"""Start, health-check and stop real `python -m sglang_asym.launch_server` processes (demo, benchmarks, tests),
-and small HTTP helpers to talk to them.
+"""Start, health-check and stop real server processes (by default SGLang's `python -m sglang.launch_server`;
+demo, benchmarks, tests), and small HTTP helpers to talk to them.
 
 Every server started here gets SIGKILL when the process (thread) that started it exits, however it exits
 (testing/lifetime.py): a killed pytest or benchmark leaves no server behind."""
@@ -28,6 +28,8 @@ class ServerProcess:
     proc: subprocess.Popen
     log: Path
     bootstrap_port: int | None = None
+    args: tuple[str, ...] = ()  # the command line, its ports included: restarted() runs it again
+    env: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -43,6 +45,11 @@ class ServerProcess:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    def restarted(self) -> "ServerProcess":
+        """The same command started again on the same ports (stop this one first), logging to a new file."""
+        assert self.proc.poll() is not None, f"{self.mode}: restart needs the server stopped first"
+        return _launch(self.mode, self.port, self.bootstrap_port, self.args, self.env, self.log.parent)
+
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -53,7 +60,7 @@ class ServerProcess:
                 self.proc.wait(timeout_s)
 
 
-def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang_asym.launch_server",
+def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module: str = "sglang.launch_server",
                  python: str = sys.executable, served_name: str = "v41-small",
                  env: dict[str, str] | None = None, port: int | None = None,
                  bootstrap_port: int | None = None) -> ServerProcess:
@@ -64,16 +71,21 @@ def start_server(mode: str, model_path: Path, log_dir: Path, *extra: str, module
             "--disaggregation-mode", mode, "--log-level", "warning", "--served-model-name", served_name, *extra]
     if bootstrap is not None:
         args += ["--disaggregation-bootstrap-port", str(bootstrap)]
+    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return _launch(mode, port, bootstrap, tuple(args), env, log_dir)
+
+
+def _launch(mode: str, port: int, bootstrap: int | None, args: tuple[str, ...], env: dict[str, str],
+            log_dir: Path) -> ServerProcess:
     log = log_dir / f"{mode}-{port}.log"
     restarts = 0
     while log.exists():  # a restart on the same port keeps the earlier run's log
         restarts += 1
         log = log_dir / f"{mode}-{port}-restart{restarts}.log"
-    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent_preexec())
-    return ServerProcess(mode, port, proc, log, bootstrap)
+    return ServerProcess(mode, port, proc, log, bootstrap, args, env)
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float = 180.0) -> None:
