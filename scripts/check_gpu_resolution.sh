@@ -32,19 +32,21 @@ platforms=(--platform linux_x86_64 --platform manylinux2014_x86_64 --platform ma
 for minor in $(seq 5 35); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
 
 start=$(date +%s)
-"$work/venv/bin/pip" install --dry-run --ignore-installed --quiet --use-feature=fast-deps \
+# pip's log names each file it downloads whole ("Downloading NAME (SIZE)"); a metadata read does not.
+"$work/venv/bin/pip" install --dry-run --ignore-installed --use-feature=fast-deps \
   --only-binary=:all: --python-version "$PYTHON_VERSION" "${platforms[@]}" --target "$work/target" \
-  --cache-dir "$work/cache" --report "$work/report.json" -r "$work/requirements.txt" 2>&1 \
-  | grep -v -e "is ignored" -e "lazily downloaded wheels" || true
+  --cache-dir "$work/cache" --report "$work/report.json" -r "$work/requirements.txt" > "$work/pip.log" 2>&1 || true
 seconds=$(( $(date +%s) - start ))
-[ -s "$work/report.json" ] || { echo "[check_gpu_resolution] pip found no resolution" >&2; exit 1; }
-cache_mb=$(du -sm "$work/cache" 2>/dev/null | cut -f1 || echo 0)
+[ -s "$work/report.json" ] || { grep -v "is ignored" "$work/pip.log" | tail -20 >&2; echo "[check_gpu_resolution] pip found no resolution" >&2; exit 1; }
+grep -E "^ *Downloading " "$work/pip.log" | sed -E 's/^ *Downloading //' > "$work/downloads.txt" || true
 
 mkdir -p "$OUT"
-python3 - "$work/report.json" "$OUT" "$PYTHON_VERSION" "$seconds" "${cache_mb:-0}" <<'PY'
+python3 - "$work/report.json" "$OUT" "$PYTHON_VERSION" "$seconds" "$work/downloads.txt" <<'PY'
 import json, re, sys
 from pathlib import Path
-report, out, python_version, seconds, cache_mb = sys.argv[1:]
+report, out, python_version, seconds, downloads = sys.argv[1:]
+whole = Path(downloads).read_text().split("\n")
+whole = [line for line in whole if line]
 norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
 resolved = {norm(i["metadata"]["name"]): i["metadata"]["version"] for i in json.load(open(report))["install"]}
 key = ["sglang", "torch", "mooncake-transfer-engine-cuda13", "sglang-router", "smg", "sglang-kernel",
@@ -53,7 +55,7 @@ summary = {
     "what": "pip's resolution of '.[gpu,test]' for Linux x86_64 (no download: wheel metadata only)",
     "python_version": python_version,
     "wall_s": int(seconds),
-    "pip_cache_mb": int(cache_mb),
+    "downloaded_whole": whole,  # files pip fetched entirely; wheels are read through their metadata
     "packages": len(resolved),
     "key_versions": {name: resolved.get(name) for name in key},
     "resolved": dict(sorted(resolved.items())),
@@ -64,6 +66,8 @@ wrong = {n: resolved.get(n) for n, v in expected.items() if resolved.get(n) != v
 forbidden = sorted(n for n in resolved if n in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"))
 if wrong or forbidden:
     sys.exit(f"[check_gpu_resolution] unexpected resolution: {wrong} {forbidden}")
-print(f"[check_gpu_resolution] {len(resolved)} packages resolve together in {seconds} s "
-      f"(pip cache {cache_mb} MB): " + ", ".join(f"{n} {resolved.get(n)}" for n in key))
+if any(line.endswith(".whl") or ".whl " in line for line in whole):
+    sys.exit(f"[check_gpu_resolution] pip downloaded whole wheels: {whole}")
+print(f"[check_gpu_resolution] {len(resolved)} packages resolve together in {seconds} s, "
+      f"{len(whole)} files downloaded whole: " + ", ".join(f"{n} {resolved.get(n)}" for n in key))
 PY
