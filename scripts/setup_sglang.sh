@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Installs SGLang 0.5.23 into a venv on a machine without a GPU. Idempotent.
-#   sglang itself goes in with --no-deps: its requirements pin torch 2.14.1 and a multi-GB CUDA
-#   stack that nothing here runs. requirements-sglang.txt holds the light packages its imports
-#   need; constraints-sglang.txt keeps torch at the 2.13.0 CPU build and pins the rest.
-# Usage: scripts/setup_sglang.sh [VENV]   (default .venv; torch 2.13.0 must already be there)
+#   sglang itself goes in with --no-deps: its requirements pin torch 2.14.1 and a multi-GB CUDA stack
+#   that nothing here runs, and a resolver would replace the CPU torch 2.13.0 with it. The light
+#   packages its imports need come with sglang-asym's `cpu` extra (scripts/setup.sh installs it, under
+#   constraints-sglang.txt, which keeps torch at the 2.13.0 CPU build).
+# Usage: scripts/setup_sglang.sh [VENV]   (default .venv; scripts/setup.sh must have run first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 VENV=${1:-.venv}
 SGLANG_PIN=sglang==0.5.23
 PY="$VENV/bin/python"
-PIP=("$VENV/bin/pip" install -q -c constraints-sglang.txt)
 
 if [ ! -x "$PY" ]; then echo "[setup_sglang] no venv at $VENV (run scripts/setup.sh first)" >&2; exit 1; fi
 torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
@@ -23,9 +23,6 @@ have=$("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/
 if [ "$have" != "$want" ]; then
   "$VENV/bin/pip" install -q --no-deps "$SGLANG_PIN" 2>&1 | grep -v "is ignored" || true
 fi
-# pip prints a resolver complaint about sglang's unmet CUDA requirements: expected, filtered.
-"${PIP[@]}" -r requirements-sglang.txt 2>&1 \
-  | grep -v -e "is ignored" -e "^sglang 0.5.23 requires" -e "dependency resolver does not currently" || true
 
 # torch must still be the CPU build: a resolver that pulled torch 2.14.1 would break everything.
 "$PY" -W ignore - <<'PY'

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "python" / "sglang_asym"
 DOC = ROOT / "docs" / "architecture.md"
 FILE_SUFFIXES = (".py", ".md", ".json", ".sh", ".toml", ".txt")
 # Where code cites documents: every source file of the repository (generated results are not code).
-CODE_AREAS = ("python", "scripts", "benchmark", "test", "sglang-asym-startup", ".ci", ".github")
+CODE_AREAS = ("python", "scripts", "benchmark", "test", ".ci", ".github")
 CODE_SUFFIXES = (".py", ".sh", ".toml", ".yml", ".yaml", ".cfg")
 MD_REF = re.compile(r"(?<![\w./-])((?:\.\./|[\w-]+/)*[\w-]+\.md)\b")
 BARE_PROSE_REF = re.compile(r"(?<![\w./'\"-])([\w-]+\.md)\b")  # a bare name in prose, not a quoted path part
