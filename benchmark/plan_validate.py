@@ -181,7 +181,9 @@ def serving_cluster(mode: str, model: CpuStepModel, link: Link, window_chunk: in
     if mode == "colocated":  # `null`: the prefix on its own thread beside the decode loop, then the window step
         return ClusterConfig(Mode.COLOCATED, model, sched, colocated_prefill_in_step=False, colocated_split=True,
                              colocated_step_delay_s=delays.colocated_s, **common)
-    return ClusterConfig(Mode(mode), model, sched, prefill_model=model, cohosted_step_delay_s=delays.cohosted_s,
+    # the CPU servers' symmetric P ran every layer on every row: the labelled full-compute baseline
+    pd_mode = Mode.SYMMETRIC_FULL if mode == "symmetric" else Mode(mode)
+    return ClusterConfig(pd_mode, model, sched, prefill_model=model, cohosted_step_delay_s=delays.cohosted_s,
                          **common)
 
 

@@ -35,7 +35,7 @@ def test_dry_run_places_the_nvl72_unit(capsys) -> None:
 def test_plan_all_modes(capsys) -> None:
     assert main(["plan", "--workload", "chat", "--rate", "20", "--gpu", "GB200", "--mode", "all"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert sorted(out) == ["asym", "colocated", "rfc57738", "symmetric"]
+    assert sorted(out) == ["asym", "colocated", "rfc57738", "symmetric", "symmetric-full-compute"]
     assert out["asym"]["gpu"] == "GB200-NVL72" and out["rfc57738"]["rfc57738"].endswith("/57738")
 
 
@@ -55,7 +55,8 @@ def test_bad_input_exit_2(capsys, argv, message: str) -> None:
 
 def test_module_entry_point() -> None:
     proc = subprocess.run([sys.executable, "-m", "sglang_asym.plan", "gpus"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and sorted(json.loads(proc.stdout)) == ["B300", "GB200-NVL72", "GB300-NVL72", "H200"]
+    assert proc.returncode == 0 and sorted(json.loads(proc.stdout)) == ["B200", "B300", "GB200-NVL72", "GB300-NVL72",
+                                                                             "H100", "H200", "H800"]
 
 
 def test_steptime_and_custom_workload(capsys) -> None:

@@ -23,7 +23,7 @@ def test_memory_agrees_with_footprint() -> None:
 
 
 def test_unknown_gpu() -> None:
-    with pytest.raises(PlanInputError, match=r"unknown GPU 'A100'; choose one of \['B300', 'GB200-NVL72'"):
+    with pytest.raises(PlanInputError, match=r"unknown GPU 'A100'; choose one of \['B200', 'B300', 'GB200-NVL72', 'GB300-NVL72', 'H100'"):
         gpu("A100")
     with pytest.raises(PlanInputError, match="must be a string"):
         gpu(None)
@@ -34,4 +34,14 @@ def test_spec_validation() -> None:
         GpuSpec("x", 1, -1, 1, 1, 1, 1, 1, 8, "")
     with pytest.raises(PlanInputError, match="domain_gpus"):
         GpuSpec("x", 1, 1, 1, 1, 1, 1, 1, 0, "")
-    assert len(GPUS) == 4
+    assert sorted(GPUS) == ["B200", "B300", "GB200-NVL72", "GB300-NVL72", "H100", "H200", "H800"]
+
+
+def test_added_gpus_public_figures() -> None:
+    h100, h800, b200 = gpu("H100"), gpu("h800-sxm"), gpu("B200")
+    assert (h100.hbm_bytes, h100.hbm_bytes_per_s, h100.bf16_flops, h100.fp8_flops) == (80e9, 3.35e12, 0.989e15, 1.979e15)
+    assert (h100.nvlink_bytes_per_s, h800.nvlink_bytes_per_s) == (450e9, 200e9)  # one direction: 900 / 400 GB/s both
+    assert (h800.hbm_bytes, h800.hbm_bytes_per_s, h800.fp8_flops) == (h100.hbm_bytes, h100.hbm_bytes_per_s, h100.fp8_flops)
+    assert (b200.hbm_bytes, b200.hbm_bytes_per_s, b200.bf16_flops, b200.fp8_flops, b200.fp4_flops) == \
+        (180e9, 8e12, 2.25e15, 4.5e15, 9e15)
+    assert b200.domain_gpus == h100.domain_gpus == 8

@@ -50,6 +50,16 @@ class Block(nn.Module):
         out = self.ffn(self.ffn_norm(collapse(streams, attn_mix.pre)))
         return expand(out, streams, ffn_mix), ffn_mix.pre
 
+    def write_kv_source_rows(self, streams: torch.Tensor, pre: torch.Tensor, batch: RowBatch,
+                             quant: Quantizer) -> None:
+        """Only this KV owner's compressed rows and index keys for the batch's rows (what KVPathBlock computes):
+        bounded replay's prefix pass writes them for every prompt row without the layer's attention or FFN."""
+        if not self.info.owns_kv:
+            raise ValueError(f"layer {self.info.index} owns no compressed KV")
+        x = self.attn_norm(collapse(streams, pre))
+        write_compressed_rows(self.attn.compressor, self.attn.indexer, self.attn.rope, quant, x, batch,
+                              self.info.index)
+
 
 class _KVPathAttention(nn.Module):
     def __init__(self, cfg: V41Config, info: LayerInfo, dtype: torch.dtype) -> None:

@@ -155,6 +155,24 @@ class V41Model(nn.Module):
         bit with `deterministic` on, see `run_batch`)."""
         return self.run_batch(inputs)
 
+    @torch.no_grad()
+    def forward_to_kv_source(self, tokens: torch.Tensor, cache: RequestCache) -> None:
+        """Bounded replay's prefix pass on the full model: the layers before the last KV source on every row,
+        then that layer's compressed rows and index keys only (no attention output, no FFN); the layers from
+        the last KV source on keep no window rows below the chunk's end (their window starts there)."""
+        if self.role != "full":
+            raise ValueError("forward_to_kv_source needs the full model (the prefill role always stops there)")
+        late = range(self.plan.last_kv_source, self.cfg.num_hidden_layers)
+        if any(len(cache.groups.get(swa_group(layer), ())) for layer in late):  # checked before any cache changes
+            raise RuntimeError(f"{swa_group(late[0])}.. already holds rows: a bounded-replay prefix pass must precede "
+                               "every full forward of the request")
+        try:
+            self._run_rows([SegmentInput(tokens, cache, "none")], stop_at_kv_source=True)
+        except InvalidSegment as exc:
+            raise exc.error from None
+        for layer in late:
+            cache.start_swa_at(layer, cache.pos)
+
     def run_batch(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
         """`forward_batch` without its no_grad: autograd records the pass when the caller enables it
         (training). With `self.deterministic` each input runs as its own pass after all are checked,
@@ -179,7 +197,7 @@ class V41Model(nn.Module):
                 raise InvalidSegment(i, exc) from exc
             seen.add(id(item.cache))
 
-    def _run_rows(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
+    def _run_rows(self, inputs: Sequence[SegmentInput], stop_at_kv_source: bool = False) -> list[SegmentOutput]:
         self._check_batch(inputs)
         device = self.embed.weight.device
         tokens = torch.cat([item.tokens for item in inputs]).to(device).long()
@@ -204,12 +222,15 @@ class V41Model(nn.Module):
             if isinstance(block, KVPathBlock):
                 block(streams, pre, batch, self.quant)
                 break
+            if stop_at_kv_source and block.info.index == self.plan.last_kv_source:
+                block.write_kv_source_rows(streams, pre, batch, self.quant)
+                break
             streams, pre = block(streams, pre, batch, self.quant)
         self.layers_run = tuple(ran)  # layer ids the last forward executed (KV path counts as its layer)
         self.captured = {}
         for item, seg in zip(inputs, segments):
             item.cache.pos = seg.start + item.tokens.numel()
-        logit_rows = [] if self.role == "prefill" else self._logit_rows(inputs, segments)
+        logit_rows = [] if self.role == "prefill" or stop_at_kv_source else self._logit_rows(inputs, segments)
         if logit_rows:
             picked = torch.cat([rows for _, rows in logit_rows])
             hidden = collapse(streams[picked], pre[picked])

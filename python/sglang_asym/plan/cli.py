@@ -1,4 +1,5 @@
-"""`python -m sglang_asym.plan`: share, dry-run, plan, steptime and gpus subcommands, each printing one JSON object.
+"""`python -m sglang_asym.plan`: share, dry-run, plan, compare, steptime and gpus subcommands, each printing one JSON
+object.
 
 Exit status: 0 done; 1 a serving unit the fleet cannot place (dry-run / plan), printed as the operator's
 `error  stage ...` line on stderr; 2 bad input (argparse's status), with the reason on stderr.
@@ -17,6 +18,7 @@ from .errors import PlanInputError
 from .gpu_model import GpuStepModel
 from .gpus import GPUS, gpu
 from .layout import LayoutError, Placement, ServingUnit, dry_run
+from .compare import CompareGrid, compare, plot_compare
 from .planner import PlanOptions, plan
 from .plots import plot_plans
 from .share import share_report
@@ -66,6 +68,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-requests", type=int, default=400)
     p.add_argument("--progress", action="store_true", help="progress bar while simulating")
     p.add_argument("--plot", help="with --simulate: write TTFT / ITL quantiles and GPUs per mode to this PNG")
+    p.add_argument("--calibration", help="measured MBU / MFU file (plan.calibration; default: assumed values)")
+    p.add_argument("--max-running-per-rank", type=int, help="cap the decode batch per DP rank (default: HBM bounds it)")
+
+    c = sub.add_parser("compare", help="asym vs SGLang's default symmetric PD (bounded replay) over a workload grid")
+    c.add_argument("--workloads", nargs="+", default=list(CompareGrid.workloads), choices=sorted(PRESETS))
+    c.add_argument("--rates", nargs="+", type=float, default=list(CompareGrid.rates_rps), help="requests per second")
+    c.add_argument("--slo", nargs="+", default=[f"{t * 1000:g}:{i * 1000:g}" for t, i in CompareGrid.slos],
+                   help="TTFT_MS:ITL_MS pairs")
+    c.add_argument("--gpus", nargs="+", default=list(CompareGrid.gpus))
+    c.add_argument("--calibration", help="measured MBU / MFU file (plan.calibration; default: assumed values)")
+    c.add_argument("--plot", help="write the heat maps to this PNG")
 
     t = sub.add_parser("steptime", help="step times of one replica (roofline model)")
     t.add_argument("--gpu", required=True)
@@ -97,6 +110,19 @@ def _run(args: argparse.Namespace) -> dict:
     if args.command == "dry-run":
         unit = ServingUnit(args.prefill_gpus, args.prefill_replicas, args.decode_gpus, args.decode_replicas)
         return dry_run(unit, args.domain_gpus, args.placement, args.stage, args.fleet).as_dict()
+    if args.command == "compare":
+        slos = []
+        for pair in args.slo:
+            try:
+                ttft, itl = (float(x) / 1000 for x in pair.split(":"))
+            except ValueError:
+                raise PlanInputError(f"--slo takes TTFT_MS:ITL_MS pairs, got {pair!r}") from None
+            slos.append((ttft, itl))
+        grid = CompareGrid(tuple(args.workloads), tuple(args.rates), tuple(slos), tuple(args.gpus))
+        report = compare(grid, PlanOptions(calibration=args.calibration))
+        if args.plot:
+            plot_compare(report, args.plot)
+        return report
     if args.command == "gpus":
         return {name: asdict(spec) for name, spec in GPUS.items()}
     if args.command == "steptime":
@@ -107,7 +133,7 @@ def _run(args: argparse.Namespace) -> dict:
                 "decode_step_ms": 1000 * d.decode_step_s([args.context] * args.batch, chunks),
                 "decode_tokens_per_gpu_s": d.decode_tokens_per_gpu_s(args.batch, args.context) if args.batch else 0,
                 "prefill_tokens_per_gpu_s": {r.value: GpuStepModel(spec, args.gpus, r).prefill_tokens_per_gpu_s(
-                    r, args.prefill_tokens, args.prefill_tokens) for r in Role}}
+                    r, args.prefill_tokens, args.prefill_tokens) for r in Role if r is not Role.LATE}}
     spec = gpu(args.gpu)
     for name in ("rate", "ttft_ms", "itl_ms"):
         v = getattr(args, name)
@@ -116,7 +142,8 @@ def _run(args: argparse.Namespace) -> dict:
     slo = Slo(args.ttft_ms / 1000, args.itl_ms / 1000)
     options = PlanOptions(placement=args.placement, domain_gpus=args.domain_gpus, decode_gpus=args.decode_gpus,
                           prefill_gpus=args.prefill_gpus,
-                          window_chunk=args.window_chunk or None, policy=args.policy)
+                          window_chunk=args.window_chunk or None, policy=args.policy,
+                          calibration=args.calibration, max_running_per_rank=args.max_running_per_rank)
     if args.plot and not args.simulate:
         raise PlanInputError("--plot needs --simulate")
     modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]

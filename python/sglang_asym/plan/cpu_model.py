@@ -174,6 +174,8 @@ class CpuStepModel(StepTimeModel):
         return max(p0 + sum(self._growth(p1, p2, n, c) for n, c in segments), 0.0)
 
     def _coefficients(self, role: Role) -> tuple[float, float, float]:
+        if role in (Role.SYM_P, Role.LATE):  # the CPU servers never ran bounded replay: no fit to answer with
+            raise PlanInputError(f"the CPU step-time fit has no {role.value} prefill (measured: asym P and full model)")
         return self.prefill_p if role in (Role.ASYM_P, Role.RFC_P) else self.prefill_full
 
     @staticmethod

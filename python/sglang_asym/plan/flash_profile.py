@@ -66,18 +66,28 @@ class FlashProfile:
     prefill_layers: int  # layers a P replica runs (0 .. last KV source - 1; layer 20's KV path is ~0.003%)
     prefill_counts: AttentionCounts
     full_counts: AttentionCounts
+    late_counts: AttentionCounts
 
     @property
     def experts(self) -> int:
         return self.cfg.n_routed_experts
 
     def role_layers(self, role: Role) -> range:
-        return range(self.prefill_layers) if role in (Role.ASYM_P, Role.RFC_P) else range(len(self.layers))
+        """Layers a forward of `role` runs (SYM_P: every layer, its late ones on fewer rows; see GpuStepModel)."""
+        if role in (Role.ASYM_P, Role.RFC_P):
+            return range(self.prefill_layers)
+        if role is Role.LATE:
+            return range(self.prefill_layers, len(self.layers))
+        return range(len(self.layers))
+
+    @staticmethod
+    def runs_head(role: Role) -> bool:
+        return role in (Role.FULL, Role.LATE, Role.SYM_P)
 
     def dense_bytes(self, role: Role) -> int:
-        """Bytes read once per forward whatever the batch: dense weights of the role's layers (+ head for FULL)."""
+        """Bytes read once per forward whatever the batch: dense weights of the role's layers (+ the head)."""
         total = sum(self.layers[i].dense_bytes for i in self.role_layers(role))
-        return total + (self.head_bytes if role is Role.FULL else 0)
+        return total + (self.head_bytes if self.runs_head(role) else 0)
 
     def expert_bytes(self, role: Role) -> int:
         return sum(self.layers[i].expert_bytes for i in self.role_layers(role))
@@ -90,7 +100,7 @@ class FlashProfile:
         k_over_e = self.cfg.num_experts_per_tok / self.experts
         per_layer = sum(self.layers[i].dense_params + k_over_e * self.layers[i].expert_params
                         for i in self.role_layers(role))
-        return per_layer + (self.head_params if role is Role.FULL else 0)
+        return per_layer + (self.head_params if self.runs_head(role) else 0)
 
     def expert_flop_share(self, role: Role) -> float:
         """Share of a token's matmul FLOPs in routed experts (run at the FP4 rate where the GPU has one)."""
@@ -100,7 +110,9 @@ class FlashProfile:
 
     # ---- attention over the cache, per query row at context `ctx` ------------------------------------------
     def counts(self, role: Role) -> AttentionCounts:
-        return self.full_counts if role is Role.FULL else self.prefill_counts
+        if role in (Role.ASYM_P, Role.RFC_P):
+            return self.prefill_counts
+        return self.late_counts if role is Role.LATE else self.full_counts
 
     def kv_read_bytes(self, ctx: int, role: Role) -> float:
         """Cache bytes one query row reads: its window rows (every layer), the top-k compressed rows it attends
@@ -149,4 +161,4 @@ def flash_profile(cfg: V41Config) -> FlashProfile:
     layers = tuple(LayerWeights(*a) for a in acc)
     last = LayerPlan.from_config(cfg).last_kv_source
     return FlashProfile(cfg, layers, embed, head, head_params, last, attention_counts(cfg, range(last)),
-                        attention_counts(cfg, range(n)))
+                        attention_counts(cfg, range(n)), attention_counts(cfg, range(last, n)))

@@ -4,7 +4,7 @@ A replica of G GPUs runs the layout SGLang uses for DeepSeek-style MoE at scale:
 (G ranks, each with its own batch and a copy of the dense weights) and routed experts split over the G
 GPUs (EP G). One step of one rank:
 
-  bytes  = dense weights of the role + embeddings rows  (read once per step)
+  bytes  = dense weights of the layers run                (read once per step; ReplicaLayout: a copy per rank)
          + touched experts / G * bytes per expert        (occupancy: E * (1 - (1 - k/E)^T) experts touched by
                                                           the T tokens of all G ranks, per layer)
          + KV bytes its rows read (window rows, top-k compressed rows, index keys; FlashProfile.kv_read_bytes)
@@ -13,21 +13,29 @@ GPUs (EP G). One step of one rank:
   comm   = EP dispatch (FP8) + combine (BF16) of each row's k expert copies per layer, over NVLink when the
            replica sits in one domain, else over the scale-out NICs (not overlapped: conservative)
   step_s = max(bytes / (HBM B/s * MBU), flops / MFU-scaled peak) + comm + fixed overhead
-A prefill forward of T tokens is the same formula for T / G rows per GPU (the replica's GPUs share them).
+A prefill forward of T tokens is the same formula for T / G rows per GPU (the replica's GPUs share them). A symmetric
+P with bounded replay (Role.SYM_P) is one forward with two parts: layers 0-19 on every row, layers 20-39 and the head
+on each chunk's last min(W, rows) rows (exact when a prompt is one chunk; a prompt of several chunks is charged at
+most W late rows per extra chunk); the parts' bytes and FLOPs add, the fixed cost is paid once.
 
-MBU and MFU are the efficiency assumptions of docs/planning.md (public ranges for MoE serving), not fits.
+MBU and MFU default to assumptions (public ranges for MoE serving); a calibration file measured on the GPU
+replaces them (plan.calibration).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..config import V41Config
+from ..config import DEFAULT_WINDOW, V41Config
 from .errors import PlanInputError
 from .flash_profile import FlashProfile, flash_profile
 from .gpus import GpuSpec
+from .replica_layout import ReplicaLayout
 from .steptime import Role, StepTimeModel
+
+WINDOW = DEFAULT_WINDOW  # rows bounded replay runs through the late layers
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ class GpuStepModel(StepTimeModel):
     def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise PlanInputError(f"a replica needs an int >= 1 GPUs, got {self.gpus!r}")
+        if self.role is Role.LATE:
+            raise PlanInputError("no replica plays the late layers alone (they are part of a bounded-replay P)")
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -77,10 +87,13 @@ class GpuStepModel(StepTimeModel):
         e, k = self.profile.experts, self.cfg.num_experts_per_tok
         return e * (1 - (1 - k / e) ** max(tokens_all_ranks, 0.0))
 
+    @property
+    def layout(self) -> ReplicaLayout:
+        return ReplicaLayout(self.role, self.gpus, self.cfg)
+
     def weight_read_bytes(self, role: Role, rows_per_rank: float) -> float:
-        p = self.profile
-        touched = self.experts_touched(rows_per_rank * self.gpus) / p.experts
-        return p.dense_bytes(role) + touched * p.expert_bytes(role) / self.gpus
+        touched = self.experts_touched(rows_per_rank * self.gpus) / self.profile.experts
+        return self.layout.step_read_bytes(role, touched)
 
     def matmul_seconds(self, role: Role, rows: float) -> float:
         p, g = self.profile, self.gpu
@@ -99,10 +112,14 @@ class GpuStepModel(StepTimeModel):
         return rows * per_row * remote / link
 
     def _step(self, role: Role, rows: float, kv_bytes: float, attn_flops: float, overhead: float) -> float:
+        return self._step_parts([(role, rows, kv_bytes, attn_flops)], overhead)
+
+    def _step_parts(self, parts: Sequence[tuple[Role, float, float, float]], overhead: float) -> float:
+        """One forward made of (layers run, rows per GPU, KV bytes, attention FLOPs) parts run back to back."""
         g, eff = self.gpu, self.efficiency
-        memory_s = (self.weight_read_bytes(role, rows) + kv_bytes) / (g.hbm_bytes_per_s * eff.mbu)
-        compute_s = self.matmul_seconds(role, rows) + attn_flops / (g.bf16_flops * eff.mfu)
-        return max(memory_s, compute_s) + self.comm_seconds(role, rows) + overhead
+        memory_s = sum(self.weight_read_bytes(r, n) + kv for r, n, kv, _ in parts) / (g.hbm_bytes_per_s * eff.mbu)
+        compute_s = sum(self.matmul_seconds(r, n) + f / (g.bf16_flops * eff.mfu) for r, n, _, f in parts)
+        return max(memory_s, compute_s) + sum(self.comm_seconds(r, n) for r, n, _, _ in parts) + overhead
 
     # ---- StepTimeModel ------------------------------------------------------------------------------------
     def decode_step_s(self, decode_contexts: Sequence[int], window_chunks: Sequence[int] = (),
@@ -112,8 +129,9 @@ class GpuStepModel(StepTimeModel):
         if rows == 0:
             return 0.0
         p, role = self.profile, Role.FULL
-        kv = sum(p.kv_read_bytes(c, role) for c in decode_contexts)
-        flops = sum(p.attention_flops(c, role) for c in decode_contexts)
+        counts = Counter(decode_contexts)  # batches of thousands share a few contexts: count each once
+        kv = sum(k * p.kv_read_bytes(c, role) for c, k in counts.items())
+        flops = sum(k * p.attention_flops(c, role) for c, k in counts.items())
         if window_rows:
             ctx = window_context + self.cfg.sliding_window
             kv += window_rows * p.kv_read_bytes(ctx, role)
@@ -130,10 +148,17 @@ class GpuStepModel(StepTimeModel):
         segments = [(n, c) for n, c in segments if n > 0]
         if not segments:
             return 0.0
+        if role is Role.SYM_P:  # bounded replay: early layers on every row, late layers on the last W of each chunk
+            late = [(min(n, WINDOW), c + n - min(n, WINDOW)) for n, c in segments]
+            return self._step_parts([self._prefill_part(segments, Role.RFC_P), self._prefill_part(late, Role.LATE)],
+                                    self.efficiency.prefill_overhead_s)
+        return self._step_parts([self._prefill_part(segments, role)], self.efficiency.prefill_overhead_s)
+
+    def _prefill_part(self, segments: Sequence[tuple[int, int]], run: Role) -> tuple[Role, float, float, float]:
         p = self.profile
         rows = sum(n for n, _ in segments) / self.gpus
-        flops = sum(n * p.attention_flops(c + n // 2, role) for n, c in segments) / self.gpus
-        return self._step(role, rows, 0.0, flops, self.efficiency.prefill_overhead_s)
+        flops = sum(n * p.attention_flops(c + n // 2, run) for n, c in segments) / self.gpus
+        return run, rows, 0.0, flops
 
     # ---- throughput figures ---------------------------------------------------------------------------------
     def prefill_tokens_per_gpu_s(self, role: Role, chunk: int = 8192, prompt: int = 8192) -> float:

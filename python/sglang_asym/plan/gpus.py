@@ -1,6 +1,12 @@
 """Public specifications of the GPUs the planner sizes for (per GPU, dense tensor throughput, decimal units).
 
 Sources (docs/planning.md lists them with the figures):
+  H100 SXM: NVIDIA H100 datasheet (80 GB HBM3, 3.35 TB/s, 989 TFLOP/s dense BF16, 1,979 dense FP8, NVLink 4
+    900 GB/s per GPU both directions); HGX H100 = 8-GPU NVLink domain; ConnectX-7 400 Gb/s per GPU.
+  H800 SXM: the H100 with NVLink cut to 400 GB/s per GPU both directions (memory, bandwidth and tensor rates as
+    H100); 8-GPU HGX domain; 400 Gb/s NIC per GPU.
+  B200 (HGX B200): 180 GB HBM3e per GPU (DGX B200: 1,440 GB for 8), 8 TB/s, 2.25 PF dense BF16, 4.5 PF dense FP8,
+    9 PF dense FP4; NVLink 5 1.8 TB/s per GPU both directions; 8-GPU domain; ConnectX-7 400 Gb/s per GPU.
   H200 SXM: NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s dense BF16, 1,979 dense FP8, NVLink 4
     900 GB/s per GPU both directions); HGX H200 = 8-GPU NVLink domain; ConnectX-7 400 Gb/s per GPU.
   B300 (HGX B300): 288 GB HBM3e, 8 TB/s, 2.25 PF dense BF16, 4.5 PF FP8, ~14 PF dense FP4; NVLink 5 1.8 TB/s
@@ -49,6 +55,12 @@ TB = 1e12
 PF = 1e15
 
 GPUS: dict[str, GpuSpec] = {
+    "H100": GpuSpec("H100", 80 * GB, 3.35 * TB, 0.989 * PF, 1.979 * PF, 1.979 * PF, 450 * GB, 50 * GB, 8,
+                    "NVIDIA H100 SXM datasheet; no FP4 tensor cores (FP4 weights run at the FP8 rate); HGX 8-GPU"),
+    "H800": GpuSpec("H800", 80 * GB, 3.35 * TB, 0.989 * PF, 1.979 * PF, 1.979 * PF, 200 * GB, 50 * GB, 8,
+                    "NVIDIA H800 SXM: H100 figures with NVLink 400 GB/s both directions; HGX 8-GPU"),
+    "B200": GpuSpec("B200", 180 * GB, 8 * TB, 2.25 * PF, 4.5 * PF, 9 * PF, 900 * GB, 50 * GB, 8,
+                    "NVIDIA HGX B200 figures; HGX 8-GPU NVLink 5 domain; ConnectX-7"),
     "H200": GpuSpec("H200", 141 * GB, 4.8 * TB, 0.989 * PF, 1.979 * PF, 1.979 * PF, 450 * GB, 50 * GB, 8,
                     "NVIDIA H200 SXM datasheet; no FP4 tensor cores (FP4 weights run at the FP8 rate); HGX 8-GPU"),
     "B300": GpuSpec("B300", 288 * GB, 8 * TB, 2.25 * PF, 4.5 * PF, 14 * PF, 900 * GB, 100 * GB, 8,
@@ -58,7 +70,8 @@ GPUS: dict[str, GpuSpec] = {
     "GB300-NVL72": GpuSpec("GB300-NVL72", 288 * GB, 8 * TB, 2.5 * PF, 5 * PF, 15 * PF, 900 * GB, 100 * GB, 72,
                            "NVIDIA GB300 NVL72 rack figures / 72; 72-GPU NVLink domain; ConnectX-8"),
 }
-ALIASES = {"GB200": "GB200-NVL72", "GB300": "GB300-NVL72", "B300-HGX": "B300", "H200-SXM": "H200"}
+ALIASES = {"GB200": "GB200-NVL72", "GB300": "GB300-NVL72", "B300-HGX": "B300", "H200-SXM": "H200",
+           "H100-SXM": "H100", "H800-SXM": "H800", "B200-HGX": "B200"}
 
 
 def gpu(name: str) -> GpuSpec:

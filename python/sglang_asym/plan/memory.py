@@ -1,11 +1,11 @@
 """Memory fit of P and D replicas of V4.1-Flash on a GPU type, from the project's footprint accounting.
 
-Weights per role are footprint's tallies at released storage: a P replica (asym or RFC #57738) holds the
-embeddings, layers 0-19 and layer 20's KV path; a full replica (D, symmetric P, colocated) the whole
-backbone plus DSpark; both hold the Engram projections (tables in host memory). As in footprint, a
-replica's weights split evenly over its GPUs and every GPU keeps `reserve_bytes_per_gpu` for activations,
-workspaces and graphs. What is left holds KV: per request, its compressed global rows
-(footprint.global_kv_bytes_per_token per token) plus every window layer's 128 rows and the compressor tails.
+Weights per GPU come from ReplicaLayout (the step-time model's layout too): an asymmetric P holds the embeddings,
+layers 0-19 and layer 20's KV path; every other replica (D, symmetric P, colocated, RFC #57738's P) the whole
+backbone plus DSpark; dense weights are copied on every GPU (DP attention), routed experts split over the GPUs.
+Every GPU keeps `reserve_bytes_per_gpu` for activations, workspaces and graphs. What is left holds KV: per request,
+its compressed global rows (footprint.global_kv_bytes_per_token per token) plus every window layer's 128 rows and
+the compressor tails.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..checkpoint.accounting import BACKBONE_PARTS, PREFILL_BACKBONE_PARTS, Tally, part_tallies
 from ..config import V41Config
-from ..footprint import FitAssumptions, compressor_tail_bytes, engram_bytes, global_kv_bytes_per_token, swa_row_bytes
+from ..footprint import FitAssumptions, compressor_tail_bytes, global_kv_bytes_per_token, swa_row_bytes
 from .errors import PlanInputError
 from .gpus import GpuSpec
+from .replica_layout import ReplicaLayout, resident_role, resident_weight_bytes
 from .steptime import Role
 from .transfer_model import layer_plan_of
 
@@ -26,19 +26,17 @@ REPLICA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # divisors of the 384 routed e
 
 @lru_cache(maxsize=4)
 def role_weight_bytes(cfg: V41Config = V41Config()) -> dict[Role, int]:
-    """GPU-resident weight bytes of each role (footprint's definition, byte for byte)."""
-    tallies = part_tallies(cfg)
-    _, projections = engram_bytes(cfg)
-    prefill = sum((tallies[p] for p in PREFILL_BACKBONE_PARTS), Tally()).bytes + projections
-    full = sum((tallies[p] for p in BACKBONE_PARTS), Tally()).bytes + tallies["dspark"].bytes + projections
-    return {Role.ASYM_P: prefill, Role.RFC_P: prefill, Role.FULL: full}
+    """One copy of the weights each replica role keeps loaded (footprint's definition, byte for byte)."""
+    resident = resident_weight_bytes(cfg)
+    return {role: resident[resident_role(role)] for role in Role if role is not Role.LATE}
 
 
 def request_kv_bytes(role: Role, context_tokens: int, cfg: V41Config = V41Config()) -> float:
     """Cache bytes one request holds at `context_tokens`: global rows, window rows of every window layer, tails."""
     if context_tokens < 0:
         raise PlanInputError(f"context must be >= 0 tokens, got {context_tokens}")
-    swa_layers = (cfg.num_hidden_layers + cfg.num_nextn_predict_layers) if role is Role.FULL else cfg.last_kv_source
+    full = role in (Role.FULL, Role.SYM_P)  # the roles that run every layer keep every layer's window rows
+    swa_layers = (cfg.num_hidden_layers + cfg.num_nextn_predict_layers) if full else cfg.last_kv_source
     ratio2_owners = len(layer_plan_of(cfg).ratio2_owners)  # P and D both hold the ratio-2 owners' tails
     return (global_kv_bytes_per_token(cfg) * context_tokens
             + swa_layers * swa_row_bytes(cfg) * min(context_tokens, cfg.sliding_window)
@@ -66,11 +64,11 @@ class ReplicaFit:
 
 def replica_fit(role: Role, gpu: GpuSpec, gpus: int, context: int,
                 assumptions: FitAssumptions = FitAssumptions(), cfg: V41Config = V41Config()) -> ReplicaFit:
-    weights = role_weight_bytes(cfg)[role]
-    free = gpu.hbm_bytes * gpus - weights - assumptions.reserve_bytes_per_gpu * gpus
+    layout = ReplicaLayout(role, gpus, cfg)
+    free = (gpu.hbm_bytes - layout.weight_bytes_per_gpu - assumptions.reserve_bytes_per_gpu) * gpus
     per_request = request_kv_bytes(role, context, cfg)
     fits = free > 0
-    return ReplicaFit(role, gpu.name, gpus, weights / gpus, max(free, 0.0), fits,
+    return ReplicaFit(role, gpu.name, gpus, layout.weight_bytes_per_gpu, max(free, 0.0), fits,
                       int(max(free, 0.0) // per_request) if fits else 0, context)
 
 

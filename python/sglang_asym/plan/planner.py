@@ -3,7 +3,8 @@ GPU and serving mode, from the GPU step-time model (and, on request, checked by 
 
 Sizing, per mode (docs/planning.md has the derivation):
   D: the largest batch per DP rank whose step (plus one window chunk under the budget policy) meets the ITL
-     SLO, capped by the scheduler's max_running and the replica's KV space; ranks needed by Little's law
+     SLO, capped by the requests the rank's free HBM holds at the mean context (and by max_running when set);
+     every D replica size is tried, those whose single-request step misses the ITL SLO are skipped; ranks needed by Little's law
      (rate x output tokens x step time / batch), at `decode_utilization`.
   P: prefill GPU-seconds per request from the role's tokens/s per GPU; replicas at a utilisation low enough
      that the p99 queueing wait (M/G/1, exponential tail) plus the p99 prompt's prefill, transfer and D's
@@ -24,13 +25,14 @@ from ..footprint import FitAssumptions
 from ..sched import SchedulerConfig
 from ..sched.config import DEFAULT_WINDOW_CHUNK
 from .alarms import suggested_alarms
+from .calibration import Calibrated, load_efficiency
 from .errors import PlanInputError
 from .gpu_model import Efficiency, GpuStepModel
 from .gpus import GpuSpec
 from .layout import LayoutError, Placement, ServingUnit, dry_run
 from .memory import REPLICA_SIZES, min_replica_gpus, replica_fit
 from .share import prefill_share
-from .sim import ClusterConfig, Slo, poisson_requests, simulate
+from .sim import ClusterConfig, Slo, poisson_requests, prefill_role_of, simulate
 from .steptime import Role
 from .transfer_model import Link, Mode, payload_bytes
 from .workload import Workload
@@ -47,13 +49,14 @@ class PlanOptions:
     domain_gpus: int | None = None  # None: the GPU's own NVLink domain
     decode_gpus: int | None = None  # None: every D replica size that fits is tried; the cheapest plan wins
     prefill_gpus: int | None = None  # None: the smallest P replica that holds the role's weights and a prompt
-    max_running_per_rank: int = 128
+    max_running_per_rank: int | None = None  # None: free HBM / KV per request bounds the decode batch
     window_chunk: int | None = DEFAULT_WINDOW_CHUNK  # None: whole windows (no chunking)
     policy: str = "budget"
     prefill_chunk: int = 8192
     decode_utilization: float = 0.85
     max_prefill_utilization: float = 0.8
-    efficiency: Efficiency = field(default_factory=Efficiency)
+    efficiency: Efficiency | None = None  # None: the calibration file's, else the assumed defaults
+    calibration: str | None = None  # calibration file (None: $SGLANG_ASYM_PLAN_CALIBRATION or the package's)
     fit: FitAssumptions = field(default_factory=FitAssumptions)
     sample_requests: int = 2000  # workload draws for the length statistics
     seed: int = 0
@@ -62,8 +65,13 @@ class PlanOptions:
         object.__setattr__(self, "placement", Placement(self.placement))
         if not 0 < self.decode_utilization <= 1 or not 0 < self.max_prefill_utilization < 1:
             raise PlanInputError("utilisation targets must be in (0, 1]")
-        if self.max_running_per_rank < 1 or self.prefill_chunk < 1:
+        if (self.max_running_per_rank is not None and self.max_running_per_rank < 1) or self.prefill_chunk < 1:
             raise PlanInputError("max_running_per_rank and prefill_chunk must be >= 1")
+
+
+def _efficiency(options: PlanOptions) -> Efficiency:
+    """The options' efficiencies; unresolved (None) outside plan(): the assumed defaults."""
+    return options.efficiency or Efficiency()
 
 
 def _stats(workload: Workload, options: PlanOptions) -> dict:
@@ -75,7 +83,7 @@ def _stats(workload: Workload, options: PlanOptions) -> dict:
 
 
 def prefill_role(mode: Mode) -> Role:
-    return {Mode.ASYM: Role.ASYM_P, Mode.RFC57738: Role.RFC_P}.get(mode, Role.FULL)
+    return prefill_role_of(mode)
 
 
 def prefill_tokens(mode: Mode, prompt: int) -> int:
@@ -110,10 +118,10 @@ class DecodeSizing:
 
 def size_decode(gpu: GpuSpec, mode: Mode, context: int, slo: Slo, options: PlanOptions, gpus: int) -> DecodeSizing:
     """The largest per-rank batch of a D replica of `gpus` GPUs whose step meets the ITL SLO."""
-    model = GpuStepModel(gpu, gpus, Role.FULL, options.efficiency)
+    model = GpuStepModel(gpu, gpus, Role.FULL, _efficiency(options))
     fit = replica_fit(Role.FULL, gpu, gpus, context, options.fit)
-    cap_memory = fit.max_requests_at_context // gpus
-    cap = min(options.max_running_per_rank, cap_memory)
+    cap_memory = fit.max_requests_at_context // gpus  # each DP rank keeps its own requests' KV on its GPU
+    cap = cap_memory if options.max_running_per_rank is None else min(options.max_running_per_rank, cap_memory)
     if cap < 1:
         raise PlanInputError(f"a D replica of {gpus} {gpu.name} holds no request of {context} tokens")
     window = mode in (Mode.ASYM, Mode.RFC57738)
@@ -153,6 +161,9 @@ def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode
          progress: bool = False) -> dict:
     """A full plan as a JSON-ready dict (see the module docstring)."""
     mode = Mode.parse(mode)
+    calibrated = load_efficiency(gpu.name, options.calibration) if options.efficiency is None else \
+        Calibrated(options.efficiency, "given by the caller")
+    options = replace(options, efficiency=calibrated.efficiency)
     if isinstance(rate_rps, bool) or not isinstance(rate_rps, (int, float)) or not math.isfinite(rate_rps) \
             or rate_rps <= 0:
         raise PlanInputError(f"request rate must be a finite number > 0 req/s, got {rate_rps!r}")
@@ -162,12 +173,17 @@ def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode
 
     # ---- decode pool ----
     sizes = [options.decode_gpus] if options.decode_gpus else [n for n in REPLICA_SIZES if n <= domain]
-    candidates = []
+    candidates, too_slow = [], []
     for n in sizes:
         if not replica_fit(Role.FULL, gpu, n, context, options.fit).fits:
             continue
-        candidates.append(size_decode(gpu, mode, context, slo, options, n))
+        try:  # a small replica may miss the ITL SLO where a bigger one (more HBM bandwidth per step) meets it
+            candidates.append(size_decode(gpu, mode, context, slo, options, n))
+        except PlanInputError as exc:
+            too_slow.append(exc)
     if not candidates:
+        if too_slow:
+            raise too_slow[-1]  # the largest replica's reason: the lowest floor there is
         raise PlanInputError(f"no D replica of up to {domain} {gpu.name} GPUs holds the full model")
     plans, refusals = [], []
     for dec in candidates:
@@ -181,6 +197,7 @@ def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode
     result, unit, dec, link = min(plans, key=lambda r: (r[0]["gpus_in_domains"], r[0]["total_gpus"],
                                                         -r[0]["throughput_per_gpu"]["decode_tokens_s"]))
     result["workload"] = workload.name
+    result["efficiency"] = calibrated.as_dict()
     if simulate_unit:
         result["simulation"] = simulate_plan_unit(workload, rate_rps / result["units"], slo, gpu, mode, unit, dec,
                                                   options, link, sim_requests, progress)
@@ -189,7 +206,7 @@ def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode
 
 def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, options: PlanOptions, st: dict,
                       context: int, domain: int, dec: DecodeSizing) -> tuple[dict, ServingUnit, DecodeSizing, Link]:
-    window_steps = 0 if mode in (Mode.SYMMETRIC, Mode.COLOCATED) else -(-WINDOW // (options.window_chunk or WINDOW))
+    window_steps = 0 if mode in (Mode.SYMMETRIC, Mode.SYMMETRIC_FULL, Mode.COLOCATED) else -(-WINDOW // (options.window_chunk or WINDOW))
     decode_s_per_request = (st["mean_output"] + window_steps) * dec.step_s  # seconds a request holds a slot
     concurrency = rate_rps * decode_s_per_request
     d_ranks = concurrency / (dec.batch_per_rank * options.decode_utilization)
@@ -209,7 +226,7 @@ def _plan_with_decode(rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode, optio
         else:
             p_fit = min_replica_gpus(role, gpu, int(st["mean_prompt"]), 1, options.fit)
         p_gpus = p_fit.gpus
-    p_model = GpuStepModel(gpu, p_gpus, role, options.efficiency)
+    p_model = GpuStepModel(gpu, p_gpus, role, _efficiency(options))
     # a loaded P packs several prompts into full chunks: GPU-seconds at that rate (TTFT uses one prompt alone)
     rp = p_model.prefill_tokens_per_gpu_s(role, options.prefill_chunk, options.prefill_chunk) if p_tokens else math.inf
     # service time of each sampled prompt alone on a replica: its mean, second moment and p99 (M/G/1 queueing)
@@ -318,15 +335,15 @@ def _unit(p_gpus: int, p_replicas: int, d_gpus: int, d_replicas: int, domain: in
 def idle_ttft_s(gpu: GpuSpec, mode: Mode, prompt: int, d_gpus: int, link: Link, options: PlanOptions) -> float:
     """TTFT of one prompt on an idle deployment: P's compute on its smallest replica, the payload's wire time, then
     D's window chunks (asym, RFC) or one step to join (symmetric); colocated: a full prefill on the D replica."""
-    d = GpuStepModel(gpu, d_gpus, Role.FULL, options.efficiency)
+    d = GpuStepModel(gpu, d_gpus, Role.FULL, _efficiency(options))
     if mode is Mode.COLOCATED:
         return d.prefill_s(prompt, Role.FULL) + d.decode_step_s([prompt])
     role = prefill_role(mode)
     p_gpus = min_replica_gpus(role, gpu, prompt, 1, options.fit).gpus
-    p = GpuStepModel(gpu, p_gpus, role, options.efficiency)
+    p = GpuStepModel(gpu, p_gpus, role, _efficiency(options))
     tokens = prefill_tokens(mode, prompt)
     wire = link.wire_s(payload_bytes(mode, prompt)) if payload_bytes(mode, prompt) else 0.0
-    if mode is Mode.SYMMETRIC:
+    if mode in (Mode.SYMMETRIC, Mode.SYMMETRIC_FULL):
         return p.prefill_s(tokens, role) + wire + d.decode_step_s([prompt])
     chunk = options.window_chunk or WINDOW
     window_rows = min(prompt, WINDOW)
@@ -338,7 +355,7 @@ def break_even_prompt(gpu: GpuSpec, mode: Mode, d_gpus: int, link: Link, options
     """The prompt length (tokens) from which on the mode's idle TTFT beats symmetric PD's (each with its smallest P
     replica): above the last power of two where it loses, bisected. Short prompts may win too (N <= W needs no P
     at all). None for symmetric and colocated, or if it still loses at 1M tokens."""
-    if mode in (Mode.SYMMETRIC, Mode.COLOCATED):
+    if mode in (Mode.SYMMETRIC, Mode.SYMMETRIC_FULL, Mode.COLOCATED):
         return None
 
     def gain(n: int) -> float:
@@ -371,8 +388,8 @@ def simulate_plan_unit(workload: Workload, unit_rate: float, slo: Slo, gpu: GpuS
     fraction = ranks / (dec.gpus * unit.decode_replicas)
     p_replicas = max(1, round(unit.prefill_replicas * fraction)) if unit.prefill_replicas else 0
     cfg = ClusterConfig(
-        mode, GpuStepModel(gpu, dec.gpus, Role.FULL, options.efficiency), sched_config(dec.batch_per_rank, options),
-        prefill_model=None if mode is Mode.COLOCATED else GpuStepModel(gpu, unit.prefill_gpus, role, options.efficiency),
+        mode, GpuStepModel(gpu, dec.gpus, Role.FULL, _efficiency(options)), sched_config(dec.batch_per_rank, options),
+        prefill_model=None if mode is Mode.COLOCATED else GpuStepModel(gpu, unit.prefill_gpus, role, _efficiency(options)),
         prefill_replicas=p_replicas, decode_replicas=1, decode_ranks=ranks,
         prefill_gpus=unit.prefill_gpus or 1, decode_gpus=ranks, prefill_chunk=options.prefill_chunk, link=link)
     rate = unit_rate * fraction

@@ -29,8 +29,9 @@ def prefill_share(input_tokens: float, output_tokens: float, prefill_tokens_per_
     rd = _positive("decode tokens per GPU per second", decode_tokens_per_gpu)
     if i == 0 and o == 0:
         raise PlanInputError("a request needs input or output tokens: both are 0")
-    prefill_work, decode_work = i / rp, o / rd
-    return prefill_work / (prefill_work + decode_work)
+    if o == 0 or i == 0:  # all prefill or all decode (also where i / rp or o / rd would underflow to 0)
+        return 1.0 if o == 0 else 0.0
+    return 1.0 / (1.0 + (o / i) * (rp / rd))  # = prefill work / (prefill + decode work), without underflow
 
 
 def share_report(input_tokens: float, output_tokens: float, prefill_tokens_per_gpu: float,

@@ -9,8 +9,9 @@ D after the transfer model's exposed time. The router sends each request to the 
 fewest queued tokens and to the decode replica (then rank) holding the fewest requests.
 
 Modes: asym (P runs [0, N - W) on half the layers; D runs the window), rfc57738 (P runs [0, N) on the same
-layers; D re-runs the last W), symmetric (P runs the whole prompt on the full model and samples the first
-token; D decodes), colocated (one full-model replica does both: its prefill either runs on its own worker
+layers; D re-runs the last W), symmetric (P runs the prompt with bounded replay, SGLang's GPU default: layers 0-19
+on every row, layers 20-39 on the last W; it samples the first token; D decodes), symmetric-full-compute (the
+same with P running every layer on every row: a labelled baseline, what the project's CPU servers ran), colocated (one full-model replica does both: its prefill either runs on its own worker
 beside the decode loop, as the project's CPU server does, or is folded into the decode steps, as on a GPU).
 Speculative decoding is not simulated (num_draft_tokens must be 0).
 
@@ -73,6 +74,11 @@ class Slo:
                 raise PlanInputError(f"SLO {name} must be a finite number of seconds > 0, got {v!r}")
 
 
+def prefill_role_of(mode: Mode) -> Role:
+    """The work a P replica of `mode` does per prompt (colocated replicas prefill with the full model)."""
+    return {Mode.ASYM: Role.ASYM_P, Mode.RFC57738: Role.RFC_P, Mode.SYMMETRIC: Role.SYM_P}.get(mode, Role.FULL)
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Pools, models and policies of one simulated deployment."""
@@ -111,7 +117,7 @@ class ClusterConfig:
 
     @property
     def prefill_role(self) -> Role:
-        return {Mode.ASYM: Role.ASYM_P, Mode.RFC57738: Role.RFC_P}.get(self.mode, Role.FULL)
+        return prefill_role_of(self.mode)
 
     @property
     def total_gpus(self) -> int:

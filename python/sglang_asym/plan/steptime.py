@@ -11,8 +11,11 @@ class Role(str, Enum):
     """Which weights a prefill replica runs a prompt through."""
 
     ASYM_P = "asym_p"  # embeddings, layers 0-19 and layer 20's KV path, over [0, N - W)
-    RFC_P = "rfc_p"  # vLLM RFC #57738: the same layers over the whole prompt [0, N)
-    FULL = "full"  # all 40 layers and the head (symmetric PD's P, a colocated replica's prefill)
+    RFC_P = "rfc_p"  # vLLM RFC #57738: the same layers over the whole prompt [0, N) (the full model stays loaded)
+    SYM_P = "sym_p"  # symmetric PD's P with SGLang's bounded replay: layers 0-19 over [0, N), layer 20's KV path,
+    #                  layers 20-39 and the head over each prompt's last W rows
+    FULL = "full"  # all 40 layers and the head on every row (D, a colocated replica's prefill, full-compute P)
+    LATE = "late"  # layers 20-39 and the head alone: the replayed rows of SYM_P (never a replica's role)
 
 
 class StepTimeModel(ABC):

@@ -3,7 +3,8 @@
   asym        SplitPlan(N).manifest("release"): compressed rows and index keys of [0, N - W), compressor tails,
               the encoder's last 127 window rows (asym-exact-encoder)
   rfc57738    P encodes the whole prompt: the same groups for [0, N) (a split whose boundary is N)
-  symmetric   SplitPlan(N).symmetric_manifest(): every token's global rows and every layer's window rows
+  symmetric   SplitPlan(N).symmetric_manifest(): every token's global rows and every layer's window rows (the
+              same bytes whether P ran bounded replay, SGLang's GPU default, or the full-compute baseline)
   colocated   nothing crosses
 
 Transfer of a prefill's rows overlaps its compute (each chunk's rows go out while the next is computed), so
@@ -27,7 +28,8 @@ WINDOW = DEFAULT_WINDOW
 
 class Mode(str, Enum):
     COLOCATED = "colocated"
-    SYMMETRIC = "symmetric"
+    SYMMETRIC = "symmetric"  # SGLang's default symmetric PD: P runs bounded replay (Role.SYM_P)
+    SYMMETRIC_FULL = "symmetric-full-compute"  # baseline only: P runs all layers on every row (Role.FULL)
     ASYM = "asym"
     RFC57738 = "rfc57738"
 
@@ -58,7 +60,7 @@ def payload_bytes(mode: Mode, prompt_len: int, cfg: V41Config = V41Config()) -> 
     mode = Mode.parse(mode)
     if mode is Mode.COLOCATED:
         return 0
-    if mode is Mode.SYMMETRIC:
+    if mode in (Mode.SYMMETRIC, Mode.SYMMETRIC_FULL):
         return _split(cfg, prompt_len).symmetric_manifest().total_bytes
     if mode is Mode.ASYM:
         return _split(cfg, prompt_len).manifest("release").total_bytes
