@@ -145,6 +145,21 @@ def test_parser_dests_the_validation_reads(server_parser):
     assert {"mooncake", "mooncake_tcp"} <= set(backends)
 
 
+def test_server_args_fields_the_cuda_guards_read(server_parser):
+    # cuda_guards.py reads these from the resolved record; the prefill graph backend names and the
+    # resolved graph config's shape are SGLang's
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    fields = {"device", "enable_decoder_swa_bounded_replay", "cuda_graph_config", "cuda_graph_backend_prefill",
+              "disable_cuda_graph", "disable_prefill_cuda_graph", "tp_size", "dp_size", "ep_size", "pp_size",
+              "attn_cp_size", "speculative_algorithm"}
+    assert fields <= set(ServerArgs.__struct_fields__)
+    assert (Backend.BREAKABLE, Backend.DISABLED, Backend.FULL) == ("breakable", "disabled", "full")
+    defaults = {"cuda_graph_backend_prefill": None, "disable_prefill_cuda_graph": False, "tp_size": 1,
+                "speculative_algorithm": None}
+    assert {dest: find_action(server_parser, dest).default for dest in defaults} == defaults
+
+
 def test_from_cli_args_takes_the_translated_mode(server_parser, v41_checkpoint):
     args = server_parser.parse_args(["--model-path", str(v41_checkpoint)])
     args.disaggregation_mode = "prefill"

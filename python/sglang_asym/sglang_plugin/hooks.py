@@ -5,7 +5,9 @@
   prepare_server_args       AROUND  argument errors as argparse-style exits; with
                                     SGLANG_ASYM_CPU_RUNTIME=embedded, CPU servers hand over to the
                                     embedded runtime (cpu_handover.py)
-  runtime_context.publish   AFTER   in a scheduler process: on CPU, applies cpu_patches.py (SGLang's
+  runtime_context.publish   AFTER   on CUDA, an asymmetric server's launcher and schedulers refuse the
+                                    settings the path does not handle (cuda_guards.py); in a
+                                    scheduler process: on CPU, applies cpu_patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
                                     modules do not import on a CPU-only launcher); in the launcher
@@ -166,6 +168,10 @@ def around_initialize_model(original: Callable, model_config: Any, load_config: 
 
 
 def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
+    if role in (TOKENIZER_ROLE, SCHEDULER_ROLE) and settings_of(server_args) is not None:
+        from .cuda_guards import refuse_unhandled_cuda_settings
+
+        refuse_unhandled_cuda_settings(server_args, settings_of(server_args))  # the resolved record, CUDA only
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
         from .drain import install_drain_refusal
 
