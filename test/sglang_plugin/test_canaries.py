@@ -173,3 +173,32 @@ def test_server_args_carry_the_settings_through_pickling():
     copy = pickle.loads(pickle.dumps(record))
     assert settings_of(copy) == AsymSettings("asym-decode", window=64)
     assert copy.model_path == "dummy"
+
+
+def test_the_model_loop_code_the_prefill_cut_relies_on():
+    # prefill_cut_hook.py; read from source (importing the V4 model needs the CPU import stand-ins)
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    def source(module):
+        return Path(importlib.util.find_spec(module).origin).read_text()
+
+    def functions(text):
+        return {node.name: [a.arg for a in node.args.args + node.args.kwonlyargs]
+                for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef)}
+
+    model = source("sglang.srt.models.deepseek_v4")
+    assert functions(model)["_forward_layers_hc_pre_from_prev"][:4] == [
+        "self", "positions", "hidden_states", "forward_batch"]
+    assert "return state.residual, state.pre, None" in model  # the loop's epilogue result the cut reads
+    assert "state = state.materialized(self.layers[self.end_layer - 1].hc_cfg)" in model
+    assert "if not self.pp_group.is_last_rank:\n            return hidden_states" in model  # the causal LM's exit
+    assert 'return PPProxyTensors({"hidden_states": hidden_states.flatten(1)})' in model  # the model's exit
+    assert "    get_attn_backend,\n" in model
+    backend = functions(source("sglang.srt.layers.attention.deepseek_v4_backend"))
+    assert backend["forward_low_ratio_sources"] == [
+        "self", "layer", "x", "q_lora", "positions", "forward_batch", "run_compressor", "run_indexer"]
+    mhc = source("sglang.srt.models.deepseek_v4_mhc")
+    assert functions(mhc)["combine"] == ["hc", "state", "quantized"]
+    assert "class HcState(msgspec.Struct):" in mhc and "    pre: Optional[torch.Tensor] = None" in mhc
