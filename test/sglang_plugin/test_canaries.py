@@ -145,6 +145,21 @@ def test_parser_dests_the_validation_reads(server_parser):
     assert {"mooncake", "mooncake_tcp"} <= set(backends)
 
 
+def test_server_args_fields_the_cuda_guards_read(server_parser):
+    # cuda_guards.py reads these from the resolved record; the prefill graph backend names and the
+    # resolved graph config's shape are SGLang's
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    fields = {"device", "enable_decoder_swa_bounded_replay", "cuda_graph_config", "cuda_graph_backend_prefill",
+              "disable_cuda_graph", "disable_prefill_cuda_graph", "tp_size", "dp_size", "ep_size", "pp_size",
+              "attn_cp_size", "speculative_algorithm"}
+    assert fields <= set(ServerArgs.__struct_fields__)
+    assert (Backend.BREAKABLE, Backend.DISABLED, Backend.FULL) == ("breakable", "disabled", "full")
+    defaults = {"cuda_graph_backend_prefill": None, "disable_prefill_cuda_graph": False, "tp_size": 1,
+                "speculative_algorithm": None}
+    assert {dest: find_action(server_parser, dest).default for dest in defaults} == defaults
+
+
 def test_from_cli_args_takes_the_translated_mode(server_parser, v41_checkpoint):
     args = server_parser.parse_args(["--model-path", str(v41_checkpoint)])
     args.disaggregation_mode = "prefill"
@@ -158,3 +173,32 @@ def test_server_args_carry_the_settings_through_pickling():
     copy = pickle.loads(pickle.dumps(record))
     assert settings_of(copy) == AsymSettings("asym-decode", window=64)
     assert copy.model_path == "dummy"
+
+
+def test_the_model_loop_code_the_prefill_cut_relies_on():
+    # prefill_cut_hook.py; read from source (importing the V4 model needs the CPU import stand-ins)
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    def source(module):
+        return Path(importlib.util.find_spec(module).origin).read_text()
+
+    def functions(text):
+        return {node.name: [a.arg for a in node.args.args + node.args.kwonlyargs]
+                for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef)}
+
+    model = source("sglang.srt.models.deepseek_v4")
+    assert functions(model)["_forward_layers_hc_pre_from_prev"][:4] == [
+        "self", "positions", "hidden_states", "forward_batch"]
+    assert "return state.residual, state.pre, None" in model  # the loop's epilogue result the cut reads
+    assert "state = state.materialized(self.layers[self.end_layer - 1].hc_cfg)" in model
+    assert "if not self.pp_group.is_last_rank:\n            return hidden_states" in model  # the causal LM's exit
+    assert 'return PPProxyTensors({"hidden_states": hidden_states.flatten(1)})' in model  # the model's exit
+    assert "    get_attn_backend,\n" in model
+    backend = functions(source("sglang.srt.layers.attention.deepseek_v4_backend"))
+    assert backend["forward_low_ratio_sources"] == [
+        "self", "layer", "x", "q_lora", "positions", "forward_batch", "run_compressor", "run_indexer"]
+    mhc = source("sglang.srt.models.deepseek_v4_mhc")
+    assert functions(mhc)["combine"] == ["hc", "state", "quantized"]
+    assert "class HcState(msgspec.Struct):" in mhc and "    pre: Optional[torch.Tensor] = None" in mhc

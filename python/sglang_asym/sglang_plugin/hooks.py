@@ -4,7 +4,9 @@
   ServerArgs.from_cli_args  AROUND  refuse a V4.1 checkpoint SGLang's pool cannot hold (servable.py, every
                                     mode); validate + translate asym-* to prefill/decode, attach AsymSettings
   prepare_server_args       AROUND  argument errors as argparse-style exits
-  runtime_context.publish   AFTER   in a scheduler process: on CPU, applies cpu_patches.py (SGLang's
+  runtime_context.publish   AFTER   on CUDA, an asymmetric server's launcher and schedulers refuse the
+                                    settings the path does not handle (cuda_guards.py); in a
+                                    scheduler process: on CPU, applies cpu_patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
                                     modules do not import on a CPU-only launcher); in the launcher
@@ -13,7 +15,8 @@
 Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_canaries.py):
   model_loader.loader._initialize_model
                             AROUND  asym-prefill: builds SGLang's V4.1 model truncated to the prefill
-                                    role and binds its filtered weight loading (prefill_model.py);
+                                    role, binds its filtered weight loading (prefill_model.py) and
+                                    P's cut in SGLang's layer loop (prefill_cut_hook.py);
                                     draft models and every other server's model are built unchanged
   disaggregation.utils.setup_state_kv_args
                             AFTER   both roles: the PD registration of asym_registration.py (layer ids
@@ -73,6 +76,7 @@ from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration, no_symmetric_dspark_layout
 from .cli import extend_parser, translate
 from .prefill_cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
+from .prefill_cut_hook import install_prefill_cut
 from .prefill_model import install_prefill_loading, truncated_construction
 from ..split import SplitPlan
 from .prefill_role import PrefillRole
@@ -157,10 +161,14 @@ def around_initialize_model(original: Callable, model_config: Any, load_config: 
         return original(model_config, load_config, *args, **kwargs)
     with truncated_construction(role):
         model = original(model_config, load_config, *args, **kwargs)
-    return install_prefill_loading(model, role)
+    return install_prefill_cut(install_prefill_loading(model, role), role)
 
 
 def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
+    if role in (TOKENIZER_ROLE, SCHEDULER_ROLE) and settings_of(server_args) is not None:
+        from .cuda_guards import refuse_unhandled_cuda_settings
+
+        refuse_unhandled_cuda_settings(server_args, settings_of(server_args))  # the resolved record, CUDA only
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
         from .drain import install_drain_refusal
 
