@@ -28,7 +28,7 @@ from pathlib import Path
 
 from serving import metric_totals, stream_request
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
 from sglang_asym.testing.server_process import start_server, wait_healthy
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -69,7 +69,7 @@ def run_pair(name: str, checkpoint: Path, work: Path, args) -> dict:
             wait_healthy(server, timeout_s=900)
         prefill, decode = servers
         router = RouterProcess(RouterConfig(
-            prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,), port=pick_free_port(),
+            prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,),
             flavor=RouterFlavor.SGLANG_ROUTER, retry_max_retries=1,
             extra_args=("--disable-circuit-breaker", "--health-check-timeout-secs", "120",
                         "--health-failure-threshold", "20")))

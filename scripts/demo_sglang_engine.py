@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
 from sglang_asym.testing.pair_reference import pair_greedy
 from sglang_asym.testing.server_process import start_server, wait_healthy
 
@@ -74,7 +74,7 @@ def transfer_mb(url: str) -> float:
 
 def router_over(prefill, decode) -> RouterProcess:
     router = RouterProcess(RouterConfig(
-        prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,), port=pick_free_port(),
+        prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,),
         flavor=RouterFlavor.SGLANG_ROUTER, retry_max_retries=1,
         extra_args=("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold",
                     "10")))

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess, pick_free_port
+from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess
 from sglang_asym.testing.server_process import wait_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the system test package, run as a script
@@ -25,7 +25,7 @@ def main(checkpoint: Path, logs: Path) -> None:
     for server in (prefill, decode):
         wait_healthy(server, timeout_s=600)
     router = RouterProcess(RouterConfig(prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),),
-                                        decode=(decode.url,), port=pick_free_port()), logs / "router.log")
+                                        decode=(decode.url,)), logs / "router.log")
     router.start(ready_timeout_s=180)
     pids = {"prefill": prefill.proc.pid, "decode": decode.proc.pid, "router": router.pid}
     ports = {"prefill": prefill.port, "bootstrap": prefill.bootstrap_port, "decode": decode.port,

@@ -12,8 +12,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth,
-                                               pick_free_port)
+from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth)
 from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
 
 from .helpers import ids
@@ -64,7 +63,7 @@ def patient_router(prefill: ServerProcess, decode: ServerProcess, flavor: Router
     health check gets 60 s and 10 failures before a worker counts as down (or `health`'s settings)."""
     checks = ("--disable-circuit-breaker", "--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
     proc = RouterProcess(RouterConfig(
-        prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,), port=pick_free_port(),
+        prefill=(PrefillWorker(prefill.url, prefill.bootstrap_port),), decode=(decode.url,),
         flavor=flavor, retry_max_retries=1, health=health, extra_args=() if health else checks),
         log_path=log_path)
     proc.start(ready_timeout_s=180)

@@ -1,7 +1,7 @@
 """Start the real PD router (sglang-router 0.3.2 or its successor smg 1.13) as a subprocess, and stop it.
 
-    with RouterProcess(RouterConfig(prefill=(PrefillWorker(p_url, 8998),), decode=(d_url,), port=8000)) as r:
-        ...  # r.url serves /generate, /v1/completions, /v1/chat/completions
+    with RouterProcess(RouterConfig(prefill=(PrefillWorker(p_url, 8998),), decode=(d_url,))) as r:
+        ...  # r.url serves /generate, /v1/completions, /v1/chat/completions (port 0: a free one, see below)
 
 Both flavors take the same flags (`python -m sglang_router.launch_router` / `python -m smg.launch_router`,
 `--pd-disaggregation --prefill URL [BOOTSTRAP_PORT] --decode URL`). At start they probe each worker for
@@ -11,7 +11,7 @@ gRPC (an HTTP/2 preface), then call GET /health, /server_info, /model_info (smg 
 starts a graceful shutdown bounded by `--shutdown-grace-period-secs`; `stop()` escalates to SIGKILL.
 The router gets SIGKILL when the process (thread) that started it exits, even by SIGKILL (testing/lifetime.py).
 
-Per request (both flavors, pinned by test/runtime_http/test_router.py): the body, re-serialized, goes to
+Per request (both flavors, as measured on sglang-router 0.3.2 and smg 1.13): the body, re-serialized, goes to
 P and D at once with `bootstrap_host` (P's host), `bootstrap_port` and a fresh random `bootstrap_room`
 (lists of them for a list `prompt`); the client gets D's body, released only after P has answered.
 sglang-router adds its own default fields, drops unknown ones, passes `sampling_params` floats through
@@ -39,7 +39,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -83,7 +83,7 @@ class WorkerHealth:
 class RouterConfig:
     prefill: tuple[PrefillWorker, ...]
     decode: tuple[str, ...]
-    port: int
+    port: int = 0  # 0: a free port, picked again if another process takes it before the router binds it
     prometheus_port: int | None = None  # None: a free port (the default 29000 would clash between routers)
     host: str = "127.0.0.1"
     flavor: RouterFlavor = RouterFlavor.SGLANG_ROUTER
@@ -127,6 +127,13 @@ class RouterConfig:
 class RouterStartError(RuntimeError):
     """The router exited or did not become ready in time; the message carries its log tail."""
 
+    @property
+    def port_taken(self) -> bool:
+        return "Address already in use" in str(self)
+
+
+_PORT_ATTEMPTS = 3
+
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -158,18 +165,30 @@ class RouterProcess:
         return self._proc.pid if self._proc else None
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
+        """Start the router and wait for /readiness. A port picked here (config port 0, prometheus None) is
+        only free when picked: another process may bind it before the router does (the router then exits
+        with EADDRINUSE), so such a start is retried on fresh ports, `_PORT_ATTEMPTS` times at most."""
         if self._proc is not None:
             raise RuntimeError("router already started")
-        prometheus_port = self.config.prometheus_port or pick_free_port(self.config.host)
-        with self._log_path.open("wb") as log:
-            self._proc = subprocess.Popen(self.config.command(prometheus_port), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                          preexec_fn=die_with_parent_preexec())
-        try:
-            self._wait_ready(ready_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        picks_ports = self.config.port == 0 or self.config.prometheus_port is None
+        wanted = self.config
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            self.config = replace(wanted, port=wanted.port or pick_free_port(wanted.host))
+            prometheus_port = wanted.prometheus_port or pick_free_port(wanted.host)
+            with self._log_path.open("wb") as log:
+                self._proc = subprocess.Popen(self.config.command(prometheus_port), stdout=log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True, preexec_fn=die_with_parent_preexec())
+            try:
+                self._wait_ready(ready_timeout_s)
+                return
+            except RouterStartError as exc:
+                self.stop()
+                if not (picks_ports and exc.port_taken and attempt < _PORT_ATTEMPTS):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
