@@ -25,7 +25,7 @@ from sglang_asym.checkpoint import write_tokenizer
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
 from sglang_asym.testing.server_process import post, start_server, wait_healthy
-from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("null", "prefill", "decode")

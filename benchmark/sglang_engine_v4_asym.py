@@ -23,7 +23,7 @@ from pathlib import Path
 from sglang_asym.model.loading import model_from_checkpoint
 from sglang_asym.testing.pair_reference import pair_greedy
 from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import os
 
 if os.environ.get("SGLANG_ASYM_CPU_ENGINE") == "1":
     try:
-        from sglang_asym.sglang_plugin.startup import run
+        from sglang_asym.sglang_plugin.cpu_platform.startup import run
     except ImportError:  # the main package was uninstalled: leave the interpreter alone
         pass
     else:

@@ -28,7 +28,7 @@ fi
 "$PY" -W ignore - <<'PY'
 import torch
 assert torch.__version__ == "2.13.0+cpu", f"torch changed to {torch.__version__}"
-from sglang_asym.sglang_plugin import cpu_import_gaps
+from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
 cpu_import_gaps.install()
 import sglang, sglang.srt.server_args, sglang.srt.plugins.hook_registry
 import sglang.srt.models.deepseek_v4, sglang.srt.mem_cache.deepseek_v4_memory_pool

@@ -36,7 +36,7 @@ def server_parser() -> argparse.ArgumentParser:
     """SGLang 0.5.23's own server parser, extended the way the plugin's AFTER hook extends it."""
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_asym.sglang_plugin.cli import extend_parser
+    from sglang_asym.sglang_plugin.shared.cli import extend_parser
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)

@@ -1,4 +1,4 @@
-"""Stand-ins for reference-forward tests without servers: PoolRows (sglang_plugin/pool_rows.py) in memory,
+"""Stand-ins for reference-forward tests without servers: PoolRows (sglang_plugin/shared/pool_rows.py) in memory,
 and the ForwardMode predicates the reference forward asks."""
 
 from __future__ import annotations

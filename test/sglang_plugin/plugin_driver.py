@@ -19,7 +19,7 @@ def main(v41: str, llama: str) -> None:
 
     import sglang.srt.server_args as server_args_module
 
-    from sglang_asym.sglang_plugin.settings import settings_of
+    from sglang_asym.sglang_plugin.shared.settings import settings_of
 
     def run(argv):
         stderr = io.StringIO()

@@ -25,11 +25,11 @@ def main(rows: int, forward_log: str) -> None:
     import os
 
     os.environ["SGLANG_ASYM_FORWARD_LOG"] = forward_log
-    from sglang_asym.sglang_plugin.meta_model import build_model
-    from sglang_asym.sglang_plugin.prefill_cut_hook import cut_of, install_prefill_cut
-    from sglang_asym.sglang_plugin.prefill_role import PrefillRole
-    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
-    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+    from sglang_asym.sglang_plugin.shared.meta_model import build_model
+    from sglang_asym.sglang_plugin.prefill.cut_hook import cut_of, install_prefill_cut
+    from sglang_asym.sglang_plugin.prefill.role import PrefillRole
+    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
     cfg = sglang_small()
     role = PrefillRole.from_config(cfg)

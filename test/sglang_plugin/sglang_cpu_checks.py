@@ -65,7 +65,7 @@ def _server_args(mode: str | None):
     model itself comes from ModelConfig.)"""
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+    from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach
 
     record = ServerArgs(model_path="dummy")
     if mode is not None:
@@ -79,7 +79,7 @@ def load(checkpoint: str) -> dict:
     `_initialize_model` (hooked), `DefaultModelLoader.load_weights_only` over SGLang's own file
     iterator; then every parameter compared with the checkpoint."""
     from sglang_asym.config import V41Config
-    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
+    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
 
     cfg = V41Config.from_json_file(checkpoint)
     with sglang_cpu_context():
@@ -91,10 +91,10 @@ def load(checkpoint: str) -> dict:
         from sglang.srt import runtime_context
         from sglang.srt.runtime_context import SpawnRanks
 
-        from sglang_asym.sglang_plugin.meta_model import cpu_adjustments
-        from sglang_asym.sglang_plugin.prefill_model import PrefillModelError
-        from sglang_asym.sglang_plugin.prefill_role import PrefillRole
-        from sglang_asym.sglang_plugin.weight_names import load_target
+        from sglang_asym.sglang_plugin.shared.meta_model import cpu_adjustments
+        from sglang_asym.sglang_plugin.prefill.model import PrefillModelError
+        from sglang_asym.sglang_plugin.prefill.role import PrefillRole
+        from sglang_asym.sglang_plugin.shared.weight_names import load_target
 
         from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -187,7 +187,7 @@ def _asym_kv_args(pool, mode: str, split, config_dir: str):
     from sglang.srt.runtime_context import SpawnRanks
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+    from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach
 
     record = ServerArgs(model_path=config_dir, device="cpu")
     attach(record, AsymSettings(mode, window=split.window, semantics=split.semantics.value))
@@ -231,8 +231,8 @@ def _exact_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dic
 
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from sglang_asym.sglang_plugin import pool_payload as pp
-    from sglang_asym.sglang_plugin.exact_payload import POOL_ATTR, exact_manager_class
+    from sglang_asym.sglang_plugin.shared import pool_payload as pp
+    from sglang_asym.sglang_plugin.prefill.exact_payload import POOL_ATTR, exact_manager_class
 
     p_args = _asym_kv_args(p_pool, "asym-prefill", split, config_dir)
     d_args = _asym_kv_args(d_pool, "asym-decode", split, config_dir)
@@ -279,7 +279,7 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
     from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
-    from sglang_asym.sglang_plugin import pool_payload as pp
+    from sglang_asym.sglang_plugin.shared import pool_payload as pp
 
     p_args = _asym_kv_args(p_pool, "asym-prefill", split, config_dir)
     d_args = _asym_kv_args(d_pool, "asym-decode", split, config_dir)
@@ -338,10 +338,10 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     from sglang_asym.checkpoint.random_init import random_weights
     from sglang_asym.formats import unpack_rows
     from sglang_asym.model import V41Model
-    from sglang_asym.sglang_plugin import pool_payload as pp
-    from sglang_asym.sglang_plugin.kv_pool import row_format_of_layout
-    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
-    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+    from sglang_asym.sglang_plugin.shared import pool_payload as pp
+    from sglang_asym.sglang_plugin.shared.kv_pool import row_format_of_layout
+    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
     from sglang_asym.split import SplitPlan
 
     cfg, n, window = sglang_small(), int(prompt_len), 128
@@ -362,7 +362,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     with sglang_cpu_context():
         from sglang.srt.plugins import load_plugins
 
-        from sglang_asym.sglang_plugin.kv_pool import build_kv_pool
+        from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool
 
         load_plugins()
         p_pool, d_pool = (build_kv_pool(cfg, full_tokens=2048, swa_tokens=1024, max_reqs=4, kv_layout=kv_layout)
@@ -451,7 +451,7 @@ def _speculative_decode_send(cfg, kv_layout, p_pool, p_pages, d_pages, split, co
 
     from sglang.srt.mem_cache import deepseek_v4_memory_pool as v4_pool
 
-    from sglang_asym.sglang_plugin.kv_pool import build_kv_pool
+    from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool
 
     with mock.patch.object(v4_pool, "resolve_compress_state_ring_size",
                            lambda ratio: v4_pool.get_compress_state_ring_size(ratio, 6)):
@@ -470,7 +470,7 @@ def _v4_readback(cfg, split, pool, pages, rows: dict) -> dict:
     from sglang.test.kernels.deepseek_v4.k_cache_reference import dequantize_k_cache_paged_ref
 
     from sglang_asym.cache.groups import KIND_FORMATS, GroupKind, parse_group
-    from sglang_asym.sglang_plugin.pool_payload import group_rows
+    from sglang_asym.sglang_plugin.shared.pool_payload import group_rows
 
     out = {}
     for group in split.manifest("v4").nonempty().groups:
@@ -501,7 +501,7 @@ def _sglang_fp4_table() -> list:
 
 
 def _pool_tensors(pool) -> dict:
-    from sglang_asym.sglang_plugin import pool_payload as pp
+    from sglang_asym.sglang_plugin.shared import pool_payload as pp
 
     out = {}
     for kind, entries in pp.pool_entries(pool).items():
@@ -535,8 +535,8 @@ def _intake_request(rid: str, prompt_len: int):
 
 
 def _intake_state(req) -> dict:
-    from sglang_asym.sglang_plugin.prefill_cut import prompt_len_of
-    from sglang_asym.sglang_plugin.prefill_zero import is_zero_compute
+    from sglang_asym.sglang_plugin.prefill.cut import prompt_len_of
+    from sglang_asym.sglang_plugin.prefill.zero import is_zero_compute
 
     req.refresh_fill_ids()
     reason = req.finished_reason
@@ -558,8 +558,9 @@ def intake(config_dir: str, window: str) -> dict:
     logprobs, leaves decode/symmetric alone."""
     from types import SimpleNamespace
 
-    from sglang_asym.sglang_plugin import cpu_import_gaps, hooks
-    from sglang_asym.sglang_plugin.settings import AsymSettings, attach
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin import hooks
+    from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach
 
     cpu_import_gaps.install()
     from sglang.srt import runtime_context
@@ -629,7 +630,7 @@ def weights(checkpoint: str) -> dict:
     model read from the checkpoint by the project's own reader."""
     from sglang_asym.config import V41Config
     from sglang_asym.model.loading import model_from_checkpoint
-    from sglang_asym.sglang_plugin.sglang_cpu import sglang_cpu_context
+    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
 
     cfg = V41Config.from_json_file(checkpoint)
     with sglang_cpu_context():
@@ -637,8 +638,8 @@ def weights(checkpoint: str) -> dict:
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.model_loader import loader
 
-        from sglang_asym.sglang_plugin.cpu_patches import apply_cpu_patches
-        from sglang_asym.sglang_plugin.sglang_weights import reference_model_from_sglang
+        from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
+        from sglang_asym.sglang_plugin.cpu_platform.reference_weights import reference_model_from_sglang
 
         apply_cpu_patches()
         model_config, load_config = ModelConfig(checkpoint), LoadConfig()
@@ -712,13 +713,13 @@ def cpu_patches() -> dict:
     import os
     from importlib.metadata import entry_points
 
-    from sglang_asym.sglang_plugin import cpu_import_gaps
-    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
 
     cpu_import_gaps.install(STARTUP_GAPS)
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_asym.sglang_plugin import cpu_patches as cp
+    from sglang_asym.sglang_plugin.cpu_platform import patches as cp
 
     targets = {}
     for patch in cp.CPU_PATCHES:
@@ -740,7 +741,7 @@ def cpu_patches() -> dict:
     from sglang_asym.sglang_plugin.cpu_platform import activate
     from sglang.srt.platforms import current_platform
 
-    from sglang_asym.sglang_plugin.spec_slots import speculative_cache_locs
+    from sglang_asym.sglang_plugin.cpu_platform.spec_slots import speculative_cache_locs
 
     speculative = {"supports": [a for a in ("DSPARK", "EAGLE", "NGRAM", "DFLASH")
                                 if current_platform.supports_speculative_algorithm(a)],
@@ -907,8 +908,9 @@ def asym_hooks() -> dict:
     import inspect
     import pkgutil
 
-    from sglang_asym.sglang_plugin import cpu_import_gaps, hooks
-    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin import hooks
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
 
     cpu_import_gaps.install(STARTUP_GAPS)
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -935,15 +937,15 @@ def force_exit() -> dict:
     import asyncio
     import types
 
-    from sglang_asym.sglang_plugin import cpu_import_gaps
-    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
 
     cpu_import_gaps.install(STARTUP_GAPS)
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
     from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
 
-    from sglang_asym.sglang_plugin.drain import FORCE_EXIT_MESSAGE, around_force_exit_handler
+    from sglang_asym.sglang_plugin.shared.drain import FORCE_EXIT_MESSAGE, around_force_exit_handler
 
     manager = types.SimpleNamespace(rid_to_state={}, incremental_streaming_output=False, enable_lora=False,
                                     config_value=lambda key: "default")
@@ -967,13 +969,13 @@ def prefill_stop() -> dict:
     objects: which chunked requests it hands to SGLang's chunked-abort path, with what reason."""
     import types
 
-    from sglang_asym.sglang_plugin import cpu_import_gaps
-    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
 
     cpu_import_gaps.install(STARTUP_GAPS)
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from sglang_asym.sglang_plugin.prefill_stop import around_next_prefill_batch
+    from sglang_asym.sglang_plugin.prefill.stop import around_next_prefill_batch
 
     def step(poll, pending_bootstrap=False, already_pending=None, with_sender=True) -> dict:
         sender = types.SimpleNamespace(poll=lambda: poll) if with_sender else None

@@ -5,8 +5,8 @@ max_running - 1 decode rows, so the budget policy's deterministic config can alw
 import pytest
 
 from sglang_asym.sched import SchedulerConfig, StepMode
-from sglang_asym.sglang_plugin.asym_decode import step_budget
-from sglang_asym.sglang_plugin.settings import AsymSettings
+from sglang_asym.sglang_plugin.decode.window_step import step_budget
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 
 SETTINGS = AsymSettings("asym-decode", window=128, token_budget=256, window_chunk=32)
 

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_asym.sglang_plugin import asym_decode
-from sglang_asym.sglang_plugin.prefill_cut import prompt_len_of
-from sglang_asym.sglang_plugin.settings import AsymSettings
-from sglang_asym.sglang_plugin.window_batch import WindowChunk
+from sglang_asym.sglang_plugin.decode import window_step as asym_decode
+from sglang_asym.sglang_plugin.prefill.cut import prompt_len_of
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings
+from sglang_asym.sglang_plugin.decode.window_batch import WindowChunk
 
 SETTINGS = AsymSettings("asym-decode", window=128, token_budget=256, window_chunk=32)
 N = 300
@@ -78,7 +78,7 @@ def test_a_fresh_request_with_other_than_one_token_at_commit_is_refused():
 
 
 def test_the_destinations_d_sends_are_those_of_the_same_boundary(monkeypatch):
-    import sglang_asym.sglang_plugin.decode_destinations as destinations
+    import sglang_asym.sglang_plugin.decode.destinations as destinations
 
     seen = []
     monkeypatch.setattr(destinations, "destinations_for_prefix",

@@ -140,7 +140,7 @@ def test_a_chunked_prompt_whose_room_failed_goes_to_sglangs_chunked_abort():
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
     report = json.loads(lines[0].removeprefix("REPORT "))
-    from sglang_asym.sglang_plugin.prefill_stop import ROOM_FAILED_MESSAGE
+    from sglang_asym.sglang_plugin.prefill.stop import ROOM_FAILED_MESSAGE
 
     untouched = {"result": "plan", "pending_is_req_at_original": False, "reason": None}
     assert report == {
@@ -157,7 +157,8 @@ def test_the_fallback_reads_sglangs_own_failure_words():
     import importlib.util
     import inspect
 
-    from sglang_asym.sglang_plugin import room_lifecycle, transfer_fallback
+    from sglang_asym.sglang_plugin.shared import room_lifecycle
+    from sglang_asym.sglang_plugin.decode import transfer_fallback
 
     decode = (Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt" / "disaggregation"
               / "decode.py").read_text()

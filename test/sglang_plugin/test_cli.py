@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from sglang_asym.sglang_plugin.cli import extend_parser, find_action, translate
-from sglang_asym.sglang_plugin.settings import AsymSettings
-from sglang_asym.sglang_plugin.validation import AsymArgumentError
+from sglang_asym.sglang_plugin.shared.cli import extend_parser, find_action, translate
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings
+from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError
 
 
 def parse(parser, *argv):

@@ -9,7 +9,7 @@ import pytest
 from sglang_asym.checkpoint import write_tokenizer
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
-from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
 from .conftest import REPO, run_python
 
@@ -87,7 +87,7 @@ def test_every_hook_is_applied_and_the_attribute_set(patches):
 
 def test_the_platform_entry_point_and_class(patches):
     assert patches["platform_entry_points"] == [["sglang_asym", "sglang_asym.sglang_plugin.cpu_platform:activate"]]
-    assert patches["activate"] == "sglang_asym.sglang_plugin.cpu_platform.AsymCpuPlatform"
+    assert patches["activate"] == "sglang_asym.sglang_plugin.cpu_platform.platform.AsymCpuPlatform"
     assert (patches["platform"], patches["out_of_tree"]) == ("AsymCpuPlatform", True)
 
 

@@ -6,7 +6,7 @@ from .conftest import run_python
 
 PROBE = r"""
 import json, importlib.util
-from sglang_asym.sglang_plugin import cpu_import_gaps
+from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
 real_before = importlib.util.find_spec("torchvision") is not None
 missing = cpu_import_gaps.install()
 again = cpu_import_gaps.install()

@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 
 from sglang_asym.config import V41Config
-from sglang_asym.sglang_plugin.cuda_guards import cuda_refusals, prefill_graph_backend, refuse_unhandled_cuda_settings
+from sglang_asym.sglang_plugin.shared.cuda_guards import cuda_refusals, prefill_graph_backend, refuse_unhandled_cuda_settings
 from sglang_asym.sglang_plugin.hooks import TOKENIZER_ROLE, after_publish
-from sglang_asym.sglang_plugin.settings import AsymSettings, attach
-from sglang_asym.sglang_plugin.validation import AsymArgumentError
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach
+from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError
 
 PREFILL, DECODE = AsymSettings("asym-prefill"), AsymSettings("asym-decode")
 CFG = V41Config.tiny()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_asym.sglang_plugin.cpu_patches import refuse_sampled_speculation
+from sglang_asym.sglang_plugin.cpu_platform.patches import refuse_sampled_speculation
 
 
 def _manager(algorithm):

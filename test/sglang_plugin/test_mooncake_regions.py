@@ -1,4 +1,4 @@
-"""The Mooncake registration counters (sglang_plugin/mooncake_regions.py) around SGLang's four calls: a region
+"""The Mooncake registration counters (sglang_plugin/shared/mooncake_regions.py) around SGLang's four calls: a region
 counts once it is registered or deregistered, a failed batch (nonzero code) or a raising call counts nothing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import REGISTRY
 
-from sglang_asym.sglang_plugin import mooncake_regions as regions
+from sglang_asym.sglang_plugin.shared import mooncake_regions as regions
 
 MODEL = "regions-test-model"
 

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_asym.config import V41Config
-from sglang_asym.sglang_plugin.prefill_cut import (
+from sglang_asym.sglang_plugin.prefill.cut import (
     PrefillCut, PrefillCutError, cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of)
-from sglang_asym.sglang_plugin.settings import AsymSettings
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 from sglang_asym.split import SplitError, SplitPlan
 
 from .conftest import REPO, run_python

@@ -12,8 +12,8 @@ import pytest
 
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
-from sglang_asym.sglang_plugin.prefill_role import PrefillRole
-from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.prefill.role import PrefillRole
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
 from .conftest import REPO, run_python
 
@@ -70,8 +70,8 @@ def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(repo
     """The asymmetric scheduler hooks, and (no CUDA here: SGLang's engine on CPU) the CPU scheduler
     patches, whose list test_cpu_engine_canaries.py pins."""
     from sglang_asym.sglang_plugin import hooks
-    from sglang_asym.sglang_plugin.cpu_patches import CPU_PATCHES, SCHEDULER
-    from sglang_asym.sglang_plugin.deterministic import DETERMINISTIC_PATCHES
+    from sglang_asym.sglang_plugin.cpu_platform.patches import CPU_PATCHES, SCHEDULER
+    from sglang_asym.sglang_plugin.cpu_platform.deterministic import DETERMINISTIC_PATCHES
 
     before, after = report["patched"]
     assert "sglang.srt.model_loader.loader._initialize_model" not in before

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_asym.sglang_plugin import hooks
-from sglang_asym.sglang_plugin.validation import AsymArgumentError
+from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError
 
 
 def test_prepare_hook_turns_argument_errors_into_usage_exits(capsys):

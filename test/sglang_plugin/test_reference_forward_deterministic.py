@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from model.helpers import build, prompt
-from sglang_asym.sglang_plugin import deterministic
-from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+from sglang_asym.sglang_plugin.cpu_platform import deterministic
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
 
 from .memory_rows import MemoryRows
 

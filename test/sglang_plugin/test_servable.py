@@ -7,8 +7,8 @@ import json
 import pytest
 
 from sglang_asym.config import V41Config
-from sglang_asym.sglang_plugin.servable import check_servable, declares_v41, pool_geometry_problems
-from sglang_asym.sglang_plugin.validation import AsymArgumentError
+from sglang_asym.sglang_plugin.shared.servable import check_servable, declares_v41, pool_geometry_problems
+from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError
 
 from .conftest import REPO, run_python
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_asym.sglang_plugin.settings import AsymSettings, attach, settings_of
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach, settings_of
 
 
 def test_defaults_and_sglang_mode():

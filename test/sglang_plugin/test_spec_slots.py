@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_asym.sglang_plugin.spec_slots import assign_req_to_token_pool, speculative_cache_locs
+from sglang_asym.sglang_plugin.cpu_platform.spec_slots import assign_req_to_token_pool, speculative_cache_locs
 
 
 def test_a_steps_new_slots_land_in_each_requests_row_and_read_back_in_order():

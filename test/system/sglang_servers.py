@@ -39,7 +39,7 @@ def write_sglang_checkpoint(out: Path) -> Path:
     from sglang_asym.checkpoint import write_tokenizer
     from sglang_asym.checkpoint.quantization import without_quantization
     from sglang_asym.checkpoint.writer import write_checkpoint
-    from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
     write_checkpoint(out, without_quantization(sglang_small()), seed=11, precision="release", num_shards=3,
                      progress=False)
@@ -121,7 +121,7 @@ def metric_sum(server: ServerProcess, name: str) -> float | None:
 
 def mooncake_regions(server: ServerProcess) -> int:
     """Memory regions an asymmetric server's scheduler holds registered with Mooncake now (registered minus
-    deregistered, sglang_plugin/mooncake_regions.py)."""
+    deregistered, sglang_plugin/shared/mooncake_regions.py)."""
     registered = metric_sum(server, "sglang_asym:mooncake_regions_registered_total")
     if registered is None:
         raise AssertionError(f"{server.mode}: /metrics has no sglang_asym:mooncake_regions_registered_total")
@@ -263,7 +263,7 @@ def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
     of `chunk` tokens with that sequence's floors, then `count` greedy tokens. A first lifecycle samples its
     first token from the prompt's last row; a rebootstrap after a retraction (`replayed`: the output token
     SGLang kept aside) discards that sample and decodes on from the replayed token, which is not counted."""
-    from sglang_asym.sglang_plugin.reference_forward import DEFAULT_SEMANTICS
+    from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS
 
     spans = [(s, min(s + chunk, len(sequence))) for s in range(0, len(sequence), chunk)]
     return _run_spans(model, sequence, spans, DEFAULT_SEMANTICS, count, replayed)
@@ -274,7 +274,7 @@ def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], se
     """`sequence` forwarded as the SGLang forwards `spans` (each cut into the reference forward's pieces,
     with the floors of `semantics`), then greedy decoding: see reference_lifecycle for `replayed`."""
     from sglang_asym.cache import CacheSizing
-    from sglang_asym.sglang_plugin.reference_forward import RequestRows, pieces
+    from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
 
     cfg, n = model.cfg, len(sequence)
     tokens = torch.tensor(sequence)

@@ -28,7 +28,7 @@ import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
-from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from .helpers import serving

@@ -1,5 +1,5 @@
 """`--speculative-algorithm DSPARK` in SGLang's own engine on CPU (`python -m sglang.launch_server --device cpu`):
-the platform's speculative worker (sglang_plugin/dspark_worker.py) drafts with the checkpoint's DSpark blocks
+the platform's speculative worker (sglang_plugin/cpu_platform/dspark_worker.py) drafts with the checkpoint's DSpark blocks
 and verifies 1 + k = 6 rows per request in each SGLang TARGET_VERIFY forward (the reference forward's log shows
 the verify forwards and their 6-row spans).
 

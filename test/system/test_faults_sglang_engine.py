@@ -29,7 +29,7 @@ import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor, RouterProcess, WorkerHealth
 from sglang_asym.testing.server_process import ServerProcess, post, wait_healthy
-from sglang_asym.sglang_plugin.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from . import faults

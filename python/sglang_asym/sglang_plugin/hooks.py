@@ -70,20 +70,22 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import (asym_decode, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
-               transfer_fallback)
-from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
-from .asym_registration import apply_asym_registration, no_symmetric_dspark_layout
-from .cli import extend_parser, translate
-from .prefill_cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
-from .prefill_cut_hook import install_prefill_cut
-from .prefill_model import install_prefill_loading, truncated_construction
+from .decode import window_step as asym_decode, transfer_fallback
+from .cpu_platform import import_gaps as cpu_import_gaps
+from .prefill import exact_payload, stop as prefill_stop, zero as prefill_zero
+from .shared import mooncake_regions
+from .cpu_platform.engine_mode import CHILD_FLAG, cpu_engine_selected
+from .shared.pd_registration import apply_asym_registration, no_symmetric_dspark_layout
+from .shared.cli import extend_parser, translate
+from .prefill.cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
+from .prefill.cut_hook import install_prefill_cut
+from .prefill.model import install_prefill_loading, truncated_construction
 from ..split import SplitPlan
-from .prefill_role import PrefillRole
-from .settings import attach, settings_of
-from .servable import check_servable
-from .startup import STARTUP_GAPS
-from .validation import AsymArgumentError
+from .prefill.role import PrefillRole
+from .shared.settings import attach, settings_of
+from .shared.servable import check_servable
+from .cpu_platform.startup import STARTUP_GAPS
+from .shared.validation import AsymArgumentError
 
 SERVER_ARGS = "sglang.srt.server_args"
 ADD_CLI_ARGS = f"{SERVER_ARGS}.ServerArgs.add_cli_args"
@@ -166,11 +168,11 @@ def around_initialize_model(original: Callable, model_config: Any, load_config: 
 
 def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = None, **kwargs: Any) -> None:
     if role in (TOKENIZER_ROLE, SCHEDULER_ROLE) and settings_of(server_args) is not None:
-        from .cuda_guards import refuse_unhandled_cuda_settings
+        from .shared.cuda_guards import refuse_unhandled_cuda_settings
 
         refuse_unhandled_cuda_settings(server_args, settings_of(server_args))  # the resolved record, CUDA only
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
-        from .drain import install_drain_refusal
+        from .shared.drain import install_drain_refusal
 
         install_drain_refusal()
     if role != SCHEDULER_ROLE:
@@ -179,7 +181,7 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
     if asymmetric:  # registered first: some share a target with a CPU patch, applied together below
         register_scheduler_hooks()
     if cpu_engine_selected():
-        from .cpu_patches import SCHEDULER as SCHEDULER_PROCESS, apply_cpu_patches
+        from .cpu_platform.patches import SCHEDULER as SCHEDULER_PROCESS, apply_cpu_patches
 
         apply_cpu_patches(SCHEDULER_PROCESS)
     if asymmetric:
@@ -285,7 +287,7 @@ def register_hooks() -> None:
         os.environ[CHILD_FLAG] = "1"
         os.environ.setdefault(MOONCAKE_PROTOCOL_ENV, "tcp")  # PD transfer over TCP unless told otherwise
         cpu_import_gaps.install(STARTUP_GAPS)
-        from .cpu_patches import LAUNCHER, apply_cpu_patches
+        from .cpu_platform.patches import LAUNCHER, apply_cpu_patches
 
         apply_cpu_patches(LAUNCHER, apply_now=False)  # load_plugins applies it with every other hook
 
@@ -298,7 +300,7 @@ def register_scheduler_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
     from . import ENTRY_POINT_NAME
-    from .cpu_patches import is_registered
+    from .cpu_platform.patches import is_registered
 
     for target, hook, hook_type in scheduler_hook_table():
         if not is_registered(target, hook):

@@ -13,7 +13,7 @@ import torch
 from ..cache import CacheSizing
 from ..model.model import V41Model
 from ..sched.config import DEFAULT_WINDOW_CHUNK
-from ..sglang_plugin.reference_forward import RequestRows, pieces
+from ..sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
 from ..split import Semantics
 
 

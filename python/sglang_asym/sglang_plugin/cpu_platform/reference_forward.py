@@ -1,0 +1,399 @@
+"""DeepSeek-V4.1's forward inside SGLang's engine on CPU: the project's reference model over SGLang's pool.
+
+`install_reference_forward` runs once the model runner has loaded SGLang's DeepseekV4ForCausalLM
+(the CPU platform's `post_load_model`): it builds the reference model from SGLang's loaded
+parameters (sglang_weights.py) and replaces the instance's `forward`. Each call then:
+1. cuts the ForwardBatch into one segment per request (its tokens, first position, req slot, and
+   its prompt length N, which `ForwardBatch.init_new` records from the ScheduleBatch's requests);
+2. applies SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
+   window of layers >= the last KV source only from B on (SGLang's bounded replay, which it turns
+   off on CPU; the floors of SplitPlan). A segment that crosses B runs [start, B) without floors,
+   then [B, end) with them in the decode worker's window chunks (`pieces`), so a window computes
+   exactly as the embedded runtime's window step computes it;
+3. per phase, reads each request's rows from SGLang's pool into a throwaway reference cache (window
+   rows from max(0, start - W + 1), every compressed row and index key, the pending compressor
+   token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
+   request's own slots. The pool's bytes are the only request state; nothing survives a call.
+Returns SGLang's LogitsProcessorOutput with each request's last-row logits (every row's in a speculative
+verify batch). A forward SGLang runs with CaptureHiddenMode.FULL (the speculative worker's extend and verify
+forwards, dspark_worker.py) also returns, as `hidden_states`, the drafter's features of every row: the inputs
+of the checkpoint's `dspark_target_layer_ids`, concatenated ([rows, layers * hidden], in batch row order).
+A decode forward also runs
+the rows of any extend batch queued to ride along (`ride_next_decode`: D's window chunks in a mixed
+step) and hands their logits to the rider.
+With SGLang's --enable-deterministic-inference (deterministic.py) step 3 runs every request's piece as
+a forward of its own, so a request's logits do not depend on what else is in the batch, and a verify
+batch's rows one row per forward: a forward of 1 + k rows rounds otherwise than 1 + k one-row decode steps
+(bf16 matmuls of another shape), which can flip an argmax, so only this way do speculative greedy tokens
+equal the same server's without speculation.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ...cache import CacheSet, CacheSizing, RequestCache, index_group, kv_group, swa_group
+from ...config import V41Config
+from ...model.model import SegmentInput, V41Model
+from ...sched.config import DEFAULT_WINDOW_CHUNK
+from ...split import Semantics, SplitPlan
+from ..shared.pool_dump import dump, dump_dir, log_forward, transferred_extent
+from .patches import cpu_kv_layout_name
+from ..shared.kv_pool import row_format_of_layout
+from ..shared.pool_rows import PoolRows
+from ..prefill.cut import prompt_len_of
+from .reference_weights import reference_model_from_sglang
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEMANTICS = Semantics.DECODER_REPLAY  # SGLang 0.5.23's default for V4.1 (bounded replay on)
+
+
+@dataclass
+class _ScheduleFacts:
+    """What ForwardBatch does not carry, handed over by the init_new hook (cpu_patches.py) in this
+    scheduler process: the model runner's pools and each occupied req slot's prompt length."""
+
+    kv_pool: Any = None
+    req_to_token: torch.Tensor | None = None
+    prompt_len: dict[int, int] = field(default_factory=dict)
+    room: dict[int, int | None] = field(default_factory=dict)  # PD bootstrap room by req slot (pool_dump)
+    role: str = "null"  # SGLang's disaggregation mode of this server
+
+
+_FACTS = _ScheduleFacts()
+
+
+def note_schedule_batch(batch: Any, model_runner: Any) -> None:
+    """Called by the init_new hook for every ScheduleBatch this scheduler turns into a forward."""
+    if _FACTS.kv_pool is None and getattr(model_runner, "token_to_kv_pool", None) is not None:
+        _FACTS.kv_pool = model_runner.token_to_kv_pool
+        _FACTS.req_to_token = model_runner.req_to_token_pool.req_to_token
+        from sglang.srt.runtime_context import get_server_args
+
+        mode = get_server_args().disaggregation_mode
+        _FACTS.role = str(getattr(mode, "value", mode))
+    reqs, slots = getattr(batch, "reqs", None), getattr(batch, "req_pool_indices", None)
+    if reqs and slots is not None:
+        for req, slot in zip(reqs, slots.tolist()):
+            # an asym-prefill request was cut to B = N - W tokens: its floors are those of N
+            _FACTS.prompt_len[int(slot)] = prompt_len_of(req) or len(req.origin_input_ids)
+            _FACTS.room[int(slot)] = getattr(req, "bootstrap_room", None)
+
+
+@dataclass(frozen=True)
+class RequestRows:
+    """One request's rows in a forward: tokens at [start, start + len(tokens))."""
+
+    req: int  # SGLang req_pool_idx
+    start: int
+    tokens: torch.Tensor
+    prompt_len: int | None  # None: no floors can apply (decode and verify rows)
+    verify: bool = False  # speculative verify rows: logits of every row, a pending pair kept for every accept end
+
+    @property
+    def end(self) -> int:
+        return self.start + self.tokens.numel()
+
+
+@dataclass
+class _RowsOutput:
+    """What one request's pieces of a forward give: the last piece's logits count (every piece's, in order,
+    for verify rows), and each piece's captured layer inputs, concatenated per row."""
+
+    last: torch.Tensor | None = None
+    verify: list[torch.Tensor] = field(default_factory=list)
+    features: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, r: RequestRows, logits: torch.Tensor | None, captured: list[torch.Tensor]) -> None:
+        self.last = logits
+        if r.verify and logits is not None:
+            self.verify.append(logits)
+        if captured:
+            self.features.append(torch.cat(captured, dim=-1))
+
+    def logits(self) -> torch.Tensor | None:
+        return torch.cat(self.verify) if self.verify else self.last
+
+
+@functools.lru_cache(maxsize=4096)
+def _floors(cfg: V41Config, prompt_len: int, window: int, semantics: Semantics) -> tuple[int, tuple[tuple[int, int], ...]]:
+    split = SplitPlan(cfg, prompt_len, window, semantics)
+    return split.boundary, tuple(sorted(split.swa_floors().items()))
+
+
+def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, window_chunk: int,
+           verify_by_row: bool = False) -> list[tuple[RequestRows, dict[int, int]]]:
+    """One request's rows as (rows, floors) forwards: rows before B = max(N - W, 0) in one piece without
+    floors, rows from B on with the floors in pieces on the grid B + k * window_chunk, the chunks the
+    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it.
+    With `verify_by_row`, verify rows run one row per forward (as one-row decode steps compute them)."""
+    if r.verify and verify_by_row:
+        return [(RequestRows(r.req, r.start + j, r.tokens[j:j + 1], None, verify=True), {})
+                for j in range(r.tokens.numel())]
+    if r.prompt_len is None:  # decode and verify rows
+        return [(r, {})]
+    boundary, floors = _floors(cfg, r.prompt_len, window, semantics)
+    if r.end <= boundary:
+        return [(r, {})]
+    floors = dict(floors)  # empty when N <= W: the whole prompt is the window, with no floor
+    cuts = [c for c in range(boundary, r.end, window_chunk) if c > r.start] + [r.end]
+    out, at = [], r.start
+    for cut in cuts:
+        out.append((RequestRows(r.req, at, r.tokens[at - r.start:cut - r.start], r.prompt_len),
+                    floors if at >= boundary else {}))
+        at = cut
+    return out
+
+
+def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: Semantics,
+           window_chunk: int = DEFAULT_WINDOW_CHUNK, verify_by_row: bool = False
+           ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
+    """(index, rows, floors) per forward: phase k runs the k-th piece of every request that has one."""
+    split = [pieces(r, cfg, window, semantics, window_chunk, verify_by_row) for r in rows]
+    depth = max(len(p) for p in split)
+    return [[(i, *p[k]) for i, p in enumerate(split) if k < len(p)] for k in range(depth)]
+
+
+@dataclass(frozen=True)
+class Rider:
+    """Extend rows that run inside the next decode forward (a mixed step: one forward holds the running
+    batch's decode rows and these window rows); `on_logits` gets each request's last-row logits."""
+
+    rows: tuple[RequestRows, ...]
+    on_logits: Callable[[torch.Tensor], None]
+    work: Any = None  # the caller's record of what the rows are (to run them another way if no decode came)
+
+
+_RIDERS: list[Rider] = []
+
+
+def ride_next_decode(forward_batch: Any, on_logits: Callable[[torch.Tensor], None], work: Any = None) -> Rider:
+    """Queues an extend ForwardBatch's rows for the next decode forward of this scheduler process."""
+    rider = Rider(tuple(ReferenceForward.request_rows(forward_batch.input_ids, forward_batch.positions,
+                                                      forward_batch)), on_logits, work)
+    _RIDERS.append(rider)
+    return rider
+
+
+def take_unridden() -> list[Rider]:
+    """Riders no decode forward took (the caller runs them another way)."""
+    left = list(_RIDERS)
+    _RIDERS.clear()
+    return left
+
+
+def _captures_every_row(forward_batch: Any) -> bool:
+    """Whether SGLang runs this forward with CaptureHiddenMode.FULL (a speculative worker's forwards)."""
+    mode = getattr(forward_batch, "capture_hidden_mode", None)
+    return mode is not None and bool(mode.is_full())
+
+
+class ReferenceForward:
+    """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
+
+    def __init__(self, model: V41Model, rows: PoolRows, semantics: Semantics, deterministic: bool = False) -> None:
+        """`rows`: the pool's row access (PoolRows, or anything with its read/write methods)."""
+        self.model, self.cfg = model, model.cfg
+        self.window = self.cfg.sliding_window
+        self.semantics = semantics
+        self.deterministic = deterministic
+        self.rows = rows
+        # the prefill role keeps window rows of the encoder layers only (layer 20 runs its KV path)
+        plan = model.new_cache_set(CacheSizing(max_requests=1, max_tokens=1)).plan
+        self.swa_layers = tuple(plan.encoder_layers if model.role == "prefill" else range(self.cfg.num_hidden_layers))
+        self.forwards = 0
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        rows = self.request_rows(input_ids, positions, forward_batch)
+        if not rows:
+            return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
+        decoding = forward_batch.forward_mode.is_decode()
+        verifying = rows[0].verify
+        capture = self.feature_layers if _captures_every_row(forward_batch) else ()
+        riders = take_unridden() if decoding and not capture else []
+        ridden = [r for rider in riders for r in rider.rows]
+        started = time.perf_counter()
+        logits, layers, features = self.run_rows(rows + ridden, capture)
+        self.forwards += 1
+        mode = "mixed" if riders else "decode" if decoding else "verify" if verifying else "extend"
+        log_forward(_FACTS.role, mode, sorted(layers),
+                    [(_FACTS.room.get(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
+                    decode_rows=len(rows) if decoding else 0)
+        if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
+            return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
+        hidden = torch.cat(features[:len(rows)]) if capture else None
+        if verifying:  # every row's logits, request after request: [sum of rows, V]
+            return LogitsProcessorOutput(next_token_logits=torch.cat(logits).float(), hidden_states=hidden)
+        at = len(rows)
+        for rider in riders:
+            rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
+            at += len(rider.rows)
+        return LogitsProcessorOutput(next_token_logits=torch.stack(logits[:len(rows)]).float(), hidden_states=hidden)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The layers whose inputs the DSpark drafter reads (the checkpoint's dspark_target_layer_ids)."""
+        return tuple(self.cfg.dspark_target_layer_ids)
+
+    def run_rows(self, rows: Sequence[RequestRows], capture: tuple[int, ...] = ()
+                 ) -> tuple[list[torch.Tensor | None], set[int], list[torch.Tensor]]:
+        """Runs the requests' rows over the pool: each request's last-row logits (every row's, [rows, V], for
+        verify rows; None in the prefill role), the layers that ran, and with `capture` each request's
+        captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
+        outs = [_RowsOutput() for _ in rows]
+        layers: set[int] = set()
+        for phase in phases(rows, self.cfg, self.window, self.semantics, verify_by_row=self.deterministic):
+            for group in self.forward_groups(phase):
+                for (i, r, _), (logits, features) in zip(group, self._run(group, capture)):
+                    outs[i].add(r, logits, [features[layer] for layer in capture])
+                layers.update(self.model.layers_run)
+        features = [torch.cat(out.features) for out in outs] if capture else []
+        return [out.logits() for out in outs], layers, features
+
+    def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]]
+                       ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
+        """The forwards of one phase: all its pieces together, or (deterministic) each piece alone, with a
+        cache set sized for it alone (nothing of the batch reaches its arithmetic)."""
+        return [[item] for item in phase] if self.deterministic else [phase]
+
+    @staticmethod
+    def request_rows(input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any) -> list[RequestRows]:
+        mode = forward_batch.forward_mode
+        if mode.is_idle() or forward_batch.batch_size == 0:
+            return []
+        reqs = [int(r) for r in forward_batch.req_pool_indices.tolist()]
+        if mode.is_decode():
+            return [RequestRows(req, int(p), input_ids[i:i + 1], None)
+                    for i, (req, p) in enumerate(zip(reqs, positions.tolist()))]
+        if mode.is_target_verify():  # the same number of rows per request: the bonus token and the drafts
+            q = int(forward_batch.spec_info.draft_token_num)
+            if input_ids.numel() != q * len(reqs):
+                raise RuntimeError(f"a verify batch of {len(reqs)} requests x {q} rows holds {input_ids.numel()} tokens")
+            return [RequestRows(req, int(positions[i * q]), input_ids[i * q:(i + 1) * q], None, verify=True)
+                    for i, req in enumerate(reqs)]
+        if not mode.is_extend():
+            raise NotImplementedError(f"the reference forward runs extend, decode and verify batches, not {mode}")
+        missing = [req for req in reqs if req not in _FACTS.prompt_len]
+        if missing:
+            raise RuntimeError(f"no prompt length for req slots {missing} (the init_new hook did not see them)")
+        out, at = [], 0
+        for req, n in zip(reqs, forward_batch.extend_seq_lens_cpu):
+            out.append(RequestRows(req, int(positions[at]), input_ids[at:at + n], _FACTS.prompt_len[req]))
+            at += n
+        return out
+
+    def _run(self, phase: list[tuple[int, RequestRows, dict[int, int]]], capture: tuple[int, ...] = ()
+             ) -> list[tuple[torch.Tensor | None, dict[int, torch.Tensor]]]:
+        longest = max(r.end for _, r, _ in phase)
+        sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
+                             max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
+        caches = self.model.new_cache_set(sizing)
+        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "all" if r.verify else "last", capture)
+                  for _, r, floors in phase]
+        try:
+            outputs = self.model.forward_batch(inputs)
+            for (_, r, _), item in zip(phase, inputs):
+                self._store(item.cache, r)
+                if dump_dir() is not None and r.prompt_len is not None:  # test aid (pool_dump.py)
+                    extent = transferred_extent(self.cfg, r.prompt_len)
+                    if r.end == extent.num_tokens:
+                        dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, extent)
+        finally:
+            for item in inputs:
+                item.cache.release()
+        return [(o.logits, o.captured) for o in outputs]
+
+    def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int]) -> RequestCache:
+        """A throwaway reference cache holding what the pool holds for `r` before its rows."""
+        cfg, dtype, rows = self.cfg, self.model.dtype, self.rows
+        cache = caches.new_request()
+        first_window = max(0, r.start - self.window + 1)
+        for layer in self.swa_layers:
+            cache.start_swa_at(layer, first_window)
+            cache.rows(swa_group(layer)).append(rows.read_window(layer, r.req, first_window, r.start, dtype))
+        for owner, ratio in rows.ratio.items():
+            n = r.start // ratio
+            cache.rows(kv_group(owner)).append(rows.read_compressed("kv", owner, r.req, n, dtype))
+            cache.rows(index_group(owner)).append(rows.read_compressed("index", owner, r.req, n, dtype))
+            if ratio == 2 and r.start % 2:
+                cache.set_tail(owner, rows.read_tail(owner, r.req, r.start - 1))
+        cache.swa_floor.update(floors)
+        cache.pos = r.start
+        return cache
+
+    def _store(self, cache: RequestCache, r: RequestRows) -> None:
+        """The rows the forward added for `r`, written to the pool at the request's slots."""
+        rows = self.rows
+        for layer in self.swa_layers:
+            # a long chunk keeps only its last window (attention drops the rest): no later query reads those
+            window = cache.rows(swa_group(layer))
+            kept = max(r.start, window.start)
+            rows.write_window(layer, r.req, kept, window.read(kept, r.end))
+        for owner, ratio in rows.ratio.items():
+            first, last = r.start // ratio, r.end // ratio
+            rows.write_compressed("kv", owner, r.req, first, cache.rows(kv_group(owner)).read(first, last))
+            rows.write_compressed("index", owner, r.req, first, cache.rows(index_group(owner)).read(first, last))
+            if ratio == 2 and r.verify:
+                # the accepted length is known only after this forward: each odd one, s < keep <= end, needs
+                # its pending token keep - 1 in the ring (a speculating server's ring has a row for each)
+                for token in range(r.start + r.start % 2, r.end, 2):
+                    rows.write_tail(owner, r.req, token, cache.pair_input(owner, token))
+            elif ratio == 2 and r.end % 2:
+                rows.write_tail(owner, r.req, r.end - 1, cache.tail(owner))
+
+
+def install_reference_forward(sglang_model: torch.nn.Module) -> None:
+    """Builds the reference model from SGLang's loaded V4.1 model and makes it the model's forward.
+    Other architectures are left alone."""
+    from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+    from sglang.srt.runtime_context import get_server_args
+
+    if not isinstance(sglang_model, DeepseekV4ForCausalLM):
+        return
+    from ..prefill.model import role_of
+    from ..shared.settings import settings_of
+
+    server_args = get_server_args()
+    model_path = server_args.model_path
+    cfg = V41Config.from_json_file(model_path)
+    role = "prefill" if role_of(sglang_model) is not None else "full"
+    # the caches are quantized as the pool stores them: V4.1's formats in v41, SGLang's V4 row in v4
+    cache_quant = row_format_of_layout(cpu_kv_layout_name())
+    reference = reference_model_from_sglang(sglang_model, cfg, model_path, cache_quant=cache_quant, role=role)
+    settings = settings_of(server_args)
+    semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
+    deterministic = bool(server_args.enable_deterministic_inference)
+    sglang_model.forward = _LazyPoolBinding(reference, semantics, deterministic)
+    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches) runs the reference forward over SGLang's "
+             "pool on CPU", role, semantics.value, ", deterministic" if deterministic else "", cache_quant)
+
+
+class _LazyPoolBinding:
+    """The model runner builds its KV pool after loading the model: bind it on the first call."""
+
+    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool = False) -> None:
+        self.reference, self.semantics, self.deterministic = reference, semantics, deterministic
+        self.bound: ReferenceForward | None = None
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        if self.bound is None:
+            if _FACTS.kv_pool is None:
+                raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
+            rows = PoolRows(_FACTS.kv_pool, _FACTS.req_to_token, self.reference.cfg)
+            if rows.row_format != self.reference.quant.mode:
+                raise RuntimeError(f"SGLang's pool holds {rows.row_format} rows, the reference model quantizes its "
+                                   f"caches as {self.reference.quant.mode}")
+            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic)
+        with torch.no_grad():
+            return self.bound(input_ids, positions, forward_batch, *args, **kwargs)

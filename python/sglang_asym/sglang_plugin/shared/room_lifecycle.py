@@ -1,0 +1,194 @@
+"""One bootstrap room, two lifecycles on P: SGLang's rebootstrap of a request D retracted.
+
+A V4 pool keeps no host copy, so D rebootstraps a retracted request through P with the SAME room. P's
+first lifecycle of that room ends in two steps: the transfer worker concludes Success (and tells D at
+once), and later, when P's scheduler next polls the request, the sender's `clear()` pops the room's
+tables (`request_status`, `transfer_infos`, `req_to_decode_prefix_len`). If P's scheduler is busy in a
+long forward meanwhile, D can commit, decode, retract and send its new handshake for the room first:
+the handshake lands in `transfer_infos`, its WaitingForInput is swallowed by the room's Success
+(`update_status` keeps the larger), and the late `clear()` then erases it. P's new request for the room
+waits for a handshake that never comes (SGLang's 300 s timeout, then a 500). Seen with a 20-token prompt
+retracted while P computed a 3000-token one.
+
+The two mixins below (on the exact-payload manager and its sender, exact_payload.py) keep the second
+lifecycle's handshake:
+  manager  conclude_transfer  remembers which handshake the concluded lifecycle had
+  sender   clear              pops only the concluded lifecycle: a handshake that is not the remembered
+                              one is put back afterwards, with its prefix length and WaitingForInput
+  sender   __init__           a new sender for a room whose previous sender concluded but was not
+                              cleared yet clears that one first (else the new one would read Success);
+                              `clear()` runs once per sender
+
+The same seam answers a handshake that comes after P gave the room up. P fails a room whose handshake
+does not come within SGLang's bootstrap timeout (a frozen or overloaded D), or that is aborted first. A
+D that resumes then still handshakes for it: SGLang's bootstrap thread records the handshake for a room
+no sender owns any more (kept forever), and D waits out its whole waiting timeout (300 s by default)
+before the client hears anything. P now tells that D at once that the room failed:
+  sender   clear              a room that failed with no handshake from D is remembered (ABANDONED_KEEP_S)
+  manager  update_status      D's handshake for such a room (its WaitingForInput) is answered with Failed
+                              and dropped instead
+  sender   abort              a request aborted on P alone before P queued any of its rows: D, which
+                              handshook already, is told Failed at once (SGLang tells D nothing, and D
+                              holds the room's slots for its whole waiting timeout); once rows may be
+                              in flight D is left to SGLang (a write could still land in its pages)
+  manager  send_kv_status_message
+                              a Failed status for a room aborted on P carries PREFILL_ABORT_WORDS, which
+                              D's recompute fallback (transfer_fallback.py) reads as "do not recompute"
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..decode.transfer_fallback import PREFILL_ABORT_WORDS
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN = object()
+ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it gave up (beyond SGLang's timeouts)
+
+
+class RoomLifecycleManager:
+    """Mixin for a CommonKVManager subclass (P side)."""
+
+    # SGLang's Mooncake status frames carry no failure reason (D then says "it might be dead"); its decode
+    # side reads a fourth frame when there is one, so D hears why P failed a room.
+    kv_status_msg_carries_reason = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._live_senders: dict[int, Any] = {}  # room -> its sender not cleared yet (scheduler thread)
+        self._concluded_handshakes: dict[int, Any] = {}  # room -> the handshake table its Success ended with
+        self._abandoned_rooms: dict[int, float] = {}  # room -> when P failed it without D's handshake
+        self._aborted_rooms: dict[int, float] = {}  # room -> when its request was aborted on P
+        super().__init__(*args, **kwargs)
+
+    def note_aborted(self, room: int) -> None:
+        now = time.monotonic()
+        for old in [r for r, at in self._aborted_rooms.items() if now - at > ABANDONED_KEEP_S]:
+            self._aborted_rooms.pop(old, None)
+        self._aborted_rooms[room] = now
+
+    def send_kv_status_message(self, targets: Any, bootstrap_room: int, status: Any, failure_reason: Any = None) -> Any:
+        """A room whose request was aborted on P fails on D in words that say so (SGLang's several paths
+        send it with no reason or another one), so that D's recompute fallback leaves it alone."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if (status == KVPoll.Failed and bootstrap_room in self._aborted_rooms
+                and PREFILL_ABORT_WORDS not in (failure_reason or "")):
+            said = f"sglang-asym: request of room {bootstrap_room} {PREFILL_ABORT_WORDS}"
+            failure_reason = f"{said} ({failure_reason})" if failure_reason else said
+        return super().send_kv_status_message(targets=targets, bootstrap_room=bootstrap_room, status=status,
+                                              failure_reason=failure_reason)
+
+    def update_status(self, bootstrap_room: int, status: Any) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if (status == KVPoll.WaitingForInput and bootstrap_room in self._abandoned_rooms
+                and bootstrap_room not in self._live_senders):
+            self._refuse_late_handshake(bootstrap_room)
+            return
+        super().update_status(bootstrap_room, status)
+
+    def abandon_room(self, room: int) -> None:
+        now = time.monotonic()
+        for old in [r for r, at in self._abandoned_rooms.items() if now - at > ABANDONED_KEEP_S]:
+            self._abandoned_rooms.pop(old, None)
+        self._abandoned_rooms[room] = now
+
+    def _refuse_late_handshake(self, room: int) -> None:
+        """D handshook for a room P already failed: tell D so now (bootstrap thread), keep nothing of it."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        self._abandoned_rooms.pop(room, None)
+        infos = self.transfer_infos.pop(room, None) or {}
+        self.req_to_decode_prefix_len.pop(room, None)
+        targets = list(dict.fromkeys((info.endpoint, info.dst_port) for info in list(infos.values())
+                                     if not info.is_dummy))
+        reason = (f"sglang-asym: the prefill worker gave up room {room} before this decode worker's handshake "
+                  "came (its bootstrap timeout, or the request was aborted there)")
+        log.warning("%s; told %s", reason, targets)
+        self.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                    failure_reason=reason)
+
+    def conclude_transfer(self, *, bootstrap_room: int, status: Any, **kwargs: Any) -> Any:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if status == KVPoll.Success:
+            self._concluded_handshakes[bootstrap_room] = self.transfer_infos.get(bootstrap_room)
+        return super().conclude_transfer(bootstrap_room=bootstrap_room, status=status, **kwargs)
+
+
+def _put_back(manager: Any, room: int, infos: dict) -> None:
+    """Restores the next lifecycle's handshake after the previous lifecycle's clear popped it."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    held = manager.transfer_infos.setdefault(room, infos)
+    if held is not infos:  # the bootstrap thread started a fresh table meanwhile: merge into it
+        for session, info in list(infos.items()):
+            held.setdefault(session, info)
+    values = list(held.values())
+    if values and len(values) >= values[0].required_dst_info_num:
+        manager.req_to_decode_prefix_len[room] = next(
+            (info.decode_prefix_len for info in values if info.decode_prefix_len is not None), 0)
+        manager.update_status(room, KVPoll.WaitingForInput)
+    log.info("room %s: D's handshake for its next lifecycle (a rebootstrap) came before P cleared the previous "
+             "one; kept", room)
+
+
+class RoomLifecycleSender:
+    """Mixin for a CommonKVSender subclass whose manager has RoomLifecycleManager."""
+
+    def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int, *args: Any, **kwargs: Any) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        self._room_cleared = False
+        self._rows_queued = False
+        live = mgr._live_senders
+        mgr._abandoned_rooms.pop(bootstrap_room, None)  # a new request of the room: it is not given up
+        mgr._aborted_rooms.pop(bootstrap_room, None)
+        previous = live.get(bootstrap_room)
+        if previous is not None and (previous.conclude_state is not None or mgr.request_status.get(bootstrap_room)
+                                     in (KVPoll.Success, KVPoll.Failed)):
+            log.info("room %s: a new request for the room; its previous, concluded sender is cleared first",
+                     bootstrap_room)
+            previous.clear()
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
+        live[bootstrap_room] = self
+
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        self._rows_queued = True
+        super().send(*args, **kwargs)
+
+    def abort(self) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        manager, room = self.kv_mgr, self.bootstrap_room
+        manager.note_aborted(room)
+        super().abort()
+        targets = manager._room_notify_targets(room) if not self._rows_queued else []
+        if targets:
+            log.info("room %s: aborted on the prefill worker before any row was queued; told %s", room, targets)
+            # the noted abort gives the frame its words (send_kv_status_message)
+            manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed)
+
+    def clear(self) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        if self._room_cleared:
+            return
+        self._room_cleared = True
+        manager, room = self.kv_mgr, self.bootstrap_room
+        live = manager._live_senders
+        ended_with = manager._concluded_handshakes.pop(room, _UNKNOWN)
+        current = manager.transfer_infos.get(room)
+        following = current if ended_with is not _UNKNOWN and current is not None and current is not ended_with \
+            else None
+        super().clear()
+        if self.conclude_state == KVPoll.Failed and not current:
+            manager.abandon_room(room)  # failed before D's handshake came: answer a late one (update_status)
+        if live.get(room) is self:
+            del live[room]
+        if following is not None:
+            _put_back(manager, room, following)
