@@ -38,7 +38,7 @@ def main(v41: str, llama: str) -> None:
     cases = [
         ["--model-path", v41, "--disaggregation-mode", "asym-prefill", "--device", "cuda"],
         ["--model-path", v41, "--disaggregation-mode", "asym-decode", "--device", "cuda",
-         "--asym-window", "64", "--asym-semantics", "asym"],
+         "--asym-window", "128", "--asym-semantics", "asym"],
         ["--model-path", llama, "--disaggregation-mode", "decode", "--device", "cuda"],
         ["--model-path", v41, "--disaggregation-mode", "asym-prefill", "--device", "cuda",
          "--disaggregation-transfer-backend", "nixl"],

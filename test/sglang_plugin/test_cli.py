@@ -21,8 +21,8 @@ def test_asym_prefill_defaults_translate_to_prefill(server_parser, v41_checkpoin
 
 def test_asym_decode_with_flags_translates_to_decode(server_parser, v41_checkpoint):
     args = parse(server_parser, "--model-path", str(v41_checkpoint), "--disaggregation-mode", "asym-decode",
-                 "--asym-window", "64", "--asym-semantics", "asym", "--disaggregation-transfer-backend", "mooncake_tcp")
-    assert translate(args) == AsymSettings("asym-decode", 64, "asym")
+                 "--asym-window", "128", "--asym-semantics", "asym", "--disaggregation-transfer-backend", "mooncake_tcp")
+    assert translate(args) == AsymSettings("asym-decode", 128, "asym")
     assert args.disaggregation_mode == "decode"
     assert args.disaggregation_transfer_backend == "mooncake_tcp"
 
@@ -75,6 +75,7 @@ def test_checkpoint_must_be_v41(server_parser, llama_checkpoint, tmp_path):
     [
         ("200", "--asym-window 200: window W=200 exceeds the model's sliding window 128"),
         ("0", "--asym-window 0: window W must be a positive integer, got 0"),
+        ("64", "--asym-window 64: must be the model's sliding_window, 128 (a smaller W is not served)"),
     ],
 )
 def test_window_must_fit_the_model(server_parser, v41_checkpoint, window, message):

@@ -47,7 +47,7 @@ def test_translation_through_prepare_server_args(driver_report):
     assert cases[0] == {"argv": cases[0]["argv"], "mode": "prefill", "device": "cuda",
                         "settings": ["asym-prefill", 128, "asym-exact-encoder"]}
     assert cases[1] == {"argv": cases[1]["argv"], "mode": "decode", "device": "cuda",
-                        "settings": ["asym-decode", 64, "asym"]}
+                        "settings": ["asym-decode", 128, "asym"]}
     assert cases[2] == {"argv": cases[2]["argv"], "mode": "decode", "device": "cuda", "settings": None}
     assert cases[3] == {"argv": cases[3]["argv"], "exit": 2, "stderr": (
         "sglang-asym: error: --disaggregation-mode asym-prefill transfers its prefix state over Mooncake; "

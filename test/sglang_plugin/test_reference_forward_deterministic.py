@@ -12,7 +12,9 @@ import torch
 
 from model.helpers import build, prompt
 from sglang_asym.sglang_plugin.cpu_platform import deterministic
-from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, ReferenceForward, RequestRows,
+                                                                     WindowSplit, pieces)
+from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 
 from .memory_rows import MemoryRows
 
@@ -100,3 +102,32 @@ def test_the_patch_table_targets_and_the_launcher_choice():
         assert DETERMINISTIC_ATTENTION_BACKEND_CHOICES.count("dsv4") == 1
     finally:
         DETERMINISTIC_ATTENTION_BACKEND_CHOICES[:] = before  # SGLang's list is process-wide
+
+
+def test_the_window_split_is_the_servers_settings():
+    cfg = None  # the settings alone decide; only a symmetric server reads the model's window
+    assert WindowSplit.of(AsymSettings("asym-decode", window=128, window_chunk=48), cfg) == WindowSplit(128, 48)
+    assert WindowSplit.of(AsymSettings("asym-decode", window=128, window_chunk=0), cfg) == WindowSplit(128, 128)
+    assert WindowSplit.of(AsymSettings("asym-prefill", window=128), cfg) == WindowSplit(128, 32)
+    assert WindowSplit.of(None, SimpleNamespace(sliding_window=128)) == WindowSplit(128, 32)
+    with pytest.raises(ValueError, match=r"WindowSplit.chunk must be in \[1, window=128\], got 129"):
+        WindowSplit(128, 129)
+
+
+def test_a_window_in_48_row_chunks_computes_as_the_decode_roles_48_row_steps(model):
+    """--asym-window-chunk 48: the reference forward cuts a prompt's window on the grid B + 48k, the rows D's
+    window steps hand it, so one extend of the whole prompt equals the prefix and then 48-row steps, bit for bit."""
+    window = model.cfg.sliding_window
+    split = WindowSplit.of(AsymSettings("asym-decode", window=window, window_chunk=48), model.cfg)
+    n = window + 72
+    boundary = n - window
+    tokens = prompt(model.cfg, n, 3)
+    grid = [(r.start, r.end) for r, _ in pieces(RequestRows(0, 0, tokens, n), model.cfg, window, DEFAULT_SEMANTICS, 48)]
+    steps = [(0, boundary), *[(s, min(s + 48, n)) for s in range(boundary, n, 48)]]
+    assert grid == steps == [(0, 72), (72, 120), (120, 168), (168, 200)]
+    whole = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, True, split)
+    (expected,), _, _ = whole.run_rows([RequestRows(0, 0, tokens, n)])
+    stepped = ReferenceForward(model, MemoryRows(model.cfg), DEFAULT_SEMANTICS, True, split)
+    for start, end in steps:
+        (last,), _, _ = stepped.run_rows([RequestRows(0, start, tokens[start:end], n)])
+    assert torch.equal(last, expected)

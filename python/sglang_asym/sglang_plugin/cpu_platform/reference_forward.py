@@ -8,8 +8,8 @@ parameters (sglang_weights.py) and replaces the instance's `forward`. Each call 
 2. applies SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
    window of layers >= the last KV source only from B on (SGLang's bounded replay, which it turns
    off on CPU; the floors of SplitPlan). A segment that crosses B runs [start, B) without floors,
-   then [B, end) with them in the decode worker's window chunks (`pieces`), so a window computes
-   exactly as the embedded runtime's window step computes it;
+   then [B, end) with them on the grid of the decode worker's window chunks (`pieces`; W and the chunk
+   are the server's settings, `WindowSplit`), so a prompt's window computes exactly as D's steps compute it;
 3. per phase, reads each request's rows from SGLang's pool into a throwaway reference cache (window
    rows from max(0, start - W + 1), every compressed row and index key, the pending compressor
    token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
@@ -41,7 +41,7 @@ import torch
 from ...cache import CacheSet, CacheSizing, RequestCache, index_group, kv_group, swa_group
 from ...config import V41Config
 from ...model.model import SegmentInput, V41Model
-from ...sched.config import DEFAULT_WINDOW_CHUNK
+from ...sched.config import chunk_rows_for
 from ...split import Semantics, SplitPlan
 from ..shared.pool_dump import dump, dump_dir, log_forward, transferred_extent
 from .patches import cpu_kv_layout_name
@@ -53,6 +53,27 @@ from .reference_weights import reference_model_from_sglang
 log = logging.getLogger(__name__)
 
 DEFAULT_SEMANTICS = Semantics.DECODER_REPLAY  # SGLang 0.5.23's default for V4.1 (bounded replay on)
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    """The window W whose floors a prompt's rows from B = N - W on get, and the chunk grid those rows run on:
+    the server's --asym-window / --asym-window-chunk (the decode role's window steps read the same settings),
+    or for a symmetric server the model's sliding window and the default chunk."""
+
+    window: int
+    chunk: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.chunk <= self.window:
+            raise ValueError(f"WindowSplit.chunk must be in [1, window={self.window}], got {self.chunk}")
+
+    @classmethod
+    def of(cls, settings: Any, cfg: V41Config) -> "WindowSplit":
+        """From an AsymSettings record (None: a symmetric server). A chunk of 0 means whole windows."""
+        if settings is None:
+            return cls(cfg.sliding_window, chunk_rows_for(cfg.sliding_window, None))
+        return cls(settings.window, settings.chunk_rows or settings.window)
 
 
 @dataclass
@@ -132,7 +153,7 @@ def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, wi
            verify_by_row: bool = False) -> list[tuple[RequestRows, dict[int, int]]]:
     """One request's rows as (rows, floors) forwards: rows before B = max(N - W, 0) in one piece without
     floors, rows from B on with the floors in pieces on the grid B + k * window_chunk, the chunks the
-    decode worker's window steps use, so a window computes exactly as the embedded runtime computes it.
+    decode worker's window steps use, so a window computes exactly as those steps compute it.
     With `verify_by_row`, verify rows run one row per forward (as one-row decode steps compute them)."""
     if r.verify and verify_by_row:
         return [(RequestRows(r.req, r.start + j, r.tokens[j:j + 1], None, verify=True), {})
@@ -153,7 +174,7 @@ def pieces(r: RequestRows, cfg: V41Config, window: int, semantics: Semantics, wi
 
 
 def phases(rows: Sequence[RequestRows], cfg: V41Config, window: int, semantics: Semantics,
-           window_chunk: int = DEFAULT_WINDOW_CHUNK, verify_by_row: bool = False
+           window_chunk: int, verify_by_row: bool = False
            ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
     """(index, rows, floors) per forward: phase k runs the k-th piece of every request that has one."""
     split = [pieces(r, cfg, window, semantics, window_chunk, verify_by_row) for r in rows]
@@ -198,10 +219,13 @@ def _captures_every_row(forward_batch: Any) -> bool:
 class ReferenceForward:
     """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
 
-    def __init__(self, model: V41Model, rows: PoolRows, semantics: Semantics, deterministic: bool = False) -> None:
-        """`rows`: the pool's row access (PoolRows, or anything with its read/write methods)."""
+    def __init__(self, model: V41Model, rows: PoolRows, semantics: Semantics, deterministic: bool = False,
+                 split: WindowSplit | None = None) -> None:
+        """`rows`: the pool's row access (PoolRows, or anything with its read/write methods); `split`: the
+        server's window and chunk (default: a symmetric server's, WindowSplit.of(None, cfg))."""
         self.model, self.cfg = model, model.cfg
-        self.window = self.cfg.sliding_window
+        self.split = WindowSplit.of(None, self.cfg) if split is None else split
+        self.window = self.cfg.sliding_window  # the attention window: rows each query reads back
         self.semantics = semantics
         self.deterministic = deterministic
         self.rows = rows
@@ -252,7 +276,8 @@ class ReferenceForward:
         captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
         outs = [_RowsOutput() for _ in rows]
         layers: set[int] = set()
-        for phase in phases(rows, self.cfg, self.window, self.semantics, verify_by_row=self.deterministic):
+        for phase in phases(rows, self.cfg, self.split.window, self.semantics, self.split.chunk,
+                            verify_by_row=self.deterministic):
             for group in self.forward_groups(phase):
                 for (i, r, _), (logits, features) in zip(group, self._run(group, capture)):
                     outs[i].add(r, logits, [features[layer] for layer in capture])
@@ -373,16 +398,18 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
     settings = settings_of(server_args)
     semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
     deterministic = bool(server_args.enable_deterministic_inference)
-    sglang_model.forward = _LazyPoolBinding(reference, semantics, deterministic)
-    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches) runs the reference forward over SGLang's "
-             "pool on CPU", role, semantics.value, ", deterministic" if deterministic else "", cache_quant)
+    split = WindowSplit.of(settings, cfg)
+    sglang_model.forward = _LazyPoolBinding(reference, semantics, deterministic, split)
+    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches, W %d in %d-row chunks) runs the reference "
+             "forward over SGLang's pool on CPU", role, semantics.value, ", deterministic" if deterministic else "",
+             cache_quant, split.window, split.chunk)
 
 
 class _LazyPoolBinding:
     """The model runner builds its KV pool after loading the model: bind it on the first call."""
 
-    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool = False) -> None:
-        self.reference, self.semantics, self.deterministic = reference, semantics, deterministic
+    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool, split: WindowSplit) -> None:
+        self.reference, self.semantics, self.deterministic, self.split = reference, semantics, deterministic, split
         self.bound: ReferenceForward | None = None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
@@ -394,6 +421,6 @@ class _LazyPoolBinding:
             if rows.row_format != self.reference.quant.mode:
                 raise RuntimeError(f"SGLang's pool holds {rows.row_format} rows, the reference model quantizes its "
                                    f"caches as {self.reference.quant.mode}")
-            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic)
+            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic, self.split)
         with torch.no_grad():
             return self.bound(input_ids, positions, forward_batch, *args, **kwargs)

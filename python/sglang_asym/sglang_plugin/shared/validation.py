@@ -2,7 +2,9 @@
 
 Checked on the parsed SGLang namespace, before SGLang builds its ServerArgs:
 - the checkpoint is DeepSeek-V4.1 (its config.json passes `V41Config`), read from a local path;
-- the window fits the model (`SplitPlan`'s own rule: 1 <= W <= sliding_window);
+- the window is the model's sliding window: `SplitPlan` admits 1 <= W <= sliding_window, but SGLang's pools
+  and the decode role's SWA slots are sized by the model's window, and only W = sliding_window is tested
+  end to end (the window chunk may be any 1 <= chunk <= W: AsymSettings checks it);
 - the KV transfer runs over Mooncake (the backend the asymmetric payload is written for);
 - no flag whose SGLang feature assumes both roles hold the same model or the same KV prefix.
 """
@@ -35,6 +37,9 @@ def validate_asym_args(args: argparse.Namespace, mode: str, window: int, semanti
         SplitPlan(config, prompt_len=1, window=window, semantics=Semantics.parse(semantics))
     except SplitError as exc:
         raise AsymArgumentError(f"--asym-window {window}: {exc}") from None
+    if window != config.sliding_window:
+        raise AsymArgumentError(f"--asym-window {window}: must be the model's sliding_window, "
+                                f"{config.sliding_window} (a smaller W is not served)")
 
     backend = args.disaggregation_transfer_backend
     if backend not in MOONCAKE_BACKENDS:
