@@ -560,6 +560,7 @@ def intake(config_dir: str, window: str) -> dict:
 
     from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
     from sglang_asym.sglang_plugin import hooks
+    from sglang_asym.sglang_plugin.prefill import hooks as prefill_hooks
     from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach
 
     cpu_import_gaps.install()
@@ -583,11 +584,11 @@ def intake(config_dir: str, window: str) -> dict:
     load_plugins()
     publish(None)
     report["symmetric_untouched"] = prefill.PrefillBootstrapQueue.add is sglang_add and \
-        hooks.PREFILL_QUEUE_ADD not in HookRegistry._patched
+        prefill_hooks.QUEUE_ADD not in HookRegistry._patched
     publish("asym-prefill")
     hooked = prefill.PrefillBootstrapQueue.add
     hooks.install_scheduler_hooks()
-    report["installed"] = hooked is not sglang_add and hooks.PREFILL_QUEUE_ADD in HookRegistry._patched
+    report["installed"] = hooked is not sglang_add and prefill_hooks.QUEUE_ADD in HookRegistry._patched
     report["idempotent"] = prefill.PrefillBootstrapQueue.add is hooked
 
     streamed: list = []

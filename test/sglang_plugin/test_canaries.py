@@ -54,9 +54,11 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.server_args.ServerArgs.add_cli_args", "sglang.srt.server_args.ServerArgs.from_cli_args",
         "sglang.srt.server_args.prepare_server_args", "sglang.srt.runtime_context.publish"]
     assert [t for t, _, _ in hooks.scheduler_hook_table()] == [
-        "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.setup_state_kv_args",
-        "sglang.srt.disaggregation.utils.get_kv_class",
+        "sglang.srt.disaggregation.utils.setup_state_kv_args",
         "sglang.srt.disaggregation.common.conn.get_dsv41_spec_layout",
+        *(f"sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.{name}"
+          for name in ("register", "deregister", "batch_register", "batch_deregister")),
+        "sglang.srt.model_loader.loader._initialize_model", "sglang.srt.disaggregation.utils.get_kv_class",
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add",
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.can_prefill_before_bootstrap",
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
@@ -69,9 +71,7 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",
         "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
         "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
-        "sglang.srt.managers.scheduler.Scheduler.abort_request",
-        *(f"sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.{name}"
-          for name in ("register", "deregister", "batch_register", "batch_deregister"))]
+        "sglang.srt.managers.scheduler.Scheduler.abort_request"]
 
 
 def test_every_hook_target_resolves():
