@@ -16,7 +16,8 @@ from sglang.srt import plugins
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
-from sglang_asym.sglang_plugin import ENTRY_POINT_NAME, hooks
+from sglang_asym.sglang_plugin import hooks
+from sglang_asym.sglang_plugin.hooks import ENTRY_POINT_NAME
 from sglang_asym.sglang_plugin.shared.cli import find_action
 from sglang_asym.sglang_plugin.shared.settings import SERVER_ARGS_ATTR, AsymSettings, attach, settings_of
 

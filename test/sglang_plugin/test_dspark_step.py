@@ -41,7 +41,8 @@ class _Full:
 @pytest.fixture(autouse=True)
 def plain_records(monkeypatch):
     """The prompt lengths the init_new hook records; SGLang's LogitsProcessorOutput as a plain record."""
-    monkeypatch.setattr(reference_forward._FACTS, "prompt_len", dict(PROMPTS))
+    records = {slot: reference_forward.RequestRecord(n) for slot, n in PROMPTS.items()}
+    monkeypatch.setattr(reference_forward.RECORDS, "requests", records)
     monkeypatch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
                         SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
 
@@ -73,7 +74,7 @@ def _prefill(model, capture: bool, deterministic: bool = True):
 def plain(model) -> dict[int, list[int]]:
     """Greedy tokens of one-row decode steps after the prompts."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reference_forward._FACTS, "prompt_len", dict(PROMPTS))
+        patch.setattr(reference_forward.RECORDS, "requests", {s: reference_forward.RequestRecord(n) for s, n in PROMPTS.items()})
         patch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
                       SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
         forward, out = _prefill(model, capture=False)

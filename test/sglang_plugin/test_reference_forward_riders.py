@@ -42,7 +42,8 @@ def model():
 def prompt_lengths(monkeypatch):
     """The prompt lengths the init_new hook records; SGLang's LogitsProcessorOutput as a plain record (its
     module's imports need the CPU import stand-ins, which change sys.meta_path for the whole process)."""
-    monkeypatch.setattr(reference_forward._FACTS, "prompt_len", {RUNNING: RUNNING_LEN, WINDOWED: WINDOWED_LEN})
+    monkeypatch.setattr(reference_forward.RECORDS, "requests", {RUNNING: reference_forward.RequestRecord(RUNNING_LEN),
+                                                                WINDOWED: reference_forward.RequestRecord(WINDOWED_LEN)})
     monkeypatch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
                         SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
     take_unridden()

@@ -45,7 +45,7 @@ def model():
 def _plain_records(patch: pytest.MonkeyPatch) -> None:
     """The prompt lengths the init_new hook records; SGLang's LogitsProcessorOutput as a plain record (its
     module's imports need the CPU import stand-ins)."""
-    patch.setattr(reference_forward._FACTS, "prompt_len", dict(PROMPTS))
+    patch.setattr(reference_forward.RECORDS, "requests", {slot: reference_forward.RequestRecord(n) for slot, n in PROMPTS.items()})
     patch.setitem(sys.modules, "sglang.srt.layers.logits_processor",
                   SimpleNamespace(LogitsProcessorOutput=SimpleNamespace))
 

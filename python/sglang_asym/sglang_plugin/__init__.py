@@ -2,10 +2,9 @@
 
 SGLang's `load_plugins()` calls `register` in the launcher and in every scheduler, detokenizer and
 DP-controller process (`SGLANG_PLUGINS=sglang_asym` restricts loading to this plugin). `register`
-only records hooks; SGLang applies them right after. See hooks.py for what is hooked.
+only records hooks; SGLang applies them right after. See hooks.py for what is hooked: the shared
+room's table and the installer of every room's table (shared/, prefill/, decode/, cpu_platform/).
 """
-
-ENTRY_POINT_NAME = "sglang_asym"
 
 
 def register() -> None:

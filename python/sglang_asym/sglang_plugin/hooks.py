@@ -66,6 +66,7 @@ MOONCAKE_ENGINE = "sglang.srt.distributed.device_communicators.mooncake_transfer
 SCHEDULER_ROLE = "scheduler"
 TOKENIZER_ROLE = "tokenizer"  # the launcher process: HTTP front and tokenizer manager
 MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
+ENTRY_POINT_NAME = "sglang_asym"  # in the entry-point group `sglang.srt.plugins` (pyproject.toml)
 DIST_NAME = "sglang-asym"
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,7 @@ def register_scheduler_hooks() -> None:
     """Registers scheduler_hook_table() without applying it. Idempotent."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
-    from . import ENTRY_POINT_NAME
-    from .cpu_platform.patches import is_registered
+    from .cpu_platform.cpu_patch import is_registered
 
     for target, hook, hook_type in scheduler_hook_table():
         if not is_registered(target, hook):

@@ -53,46 +53,22 @@ Scheduler:
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from .cpu_patch import LAUNCHER, SCHEDULER, CpuPatch, is_registered
+from .deterministic import deterministic_patches
+from .kv_layout import cpu_kv_layout_name
 
 log = logging.getLogger(__name__)
 
-KV_LAYOUT_ENV = "SGLANG_DSV4_KV_LAYOUT"
-CPU_KV_LAYOUTS = ("v41", "v4")  # the first is what `auto` picks
 DSV4_POOL_SUBSYSTEM = "the DeepSeek-V4 KV pool"
 
 MEMORY_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 ATTN_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 
 
-LAUNCHER, SCHEDULER = "launcher", "scheduler"
 DEEPSEEK_CHAT_SPECS = ("dsv4", "dsv41")
 DEEPSEEK_SYSTEM_TOKEN = "<\uff5cSystem\uff5c>"  # the first special token DeepSeek's encoder needs
-
-
-@dataclass(frozen=True)
-class CpuPatch:
-    target: str  # dotted path of the SGLang symbol
-    kind: str  # AROUND / REPLACE (HookRegistry) or ATTRIBUTE (a class attribute set directly)
-    hook: Callable | Any
-    why: str
-    process: str = SCHEDULER
-
-
-class CpuLayoutError(ValueError):
-    """SGLANG_DSV4_KV_LAYOUT names a layout the CPU engine cannot serve."""
-
-
-def cpu_kv_layout_name() -> str:
-    chosen = os.environ.get(KV_LAYOUT_ENV, "auto").strip().lower() or "auto"
-    if chosen == "auto":
-        return CPU_KV_LAYOUTS[0]
-    if chosen not in CPU_KV_LAYOUTS:
-        raise CpuLayoutError(f"{KV_LAYOUT_ENV}={chosen!r}: the CPU engine serves {' or '.join(CPU_KV_LAYOUTS)} "
-                             "(or auto, which picks v41 as SGLang does on a B300)")
-    return chosen
 
 
 def select_cpu_kv_layout() -> tuple[Any, None]:
@@ -294,13 +270,6 @@ def _set_attribute(target: str, value: Any) -> None:
 _applied: set[str] = set()
 
 
-def is_registered(target: str, hook: Any) -> bool:
-    """Whether `hook` itself is registered on `target` (other hooks may share the target)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    return any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ()))
-
-
 def apply_cpu_patches(process: str = SCHEDULER, apply_now: bool = True) -> None:
     """Registers and applies the CPU_PATCHES of `process` in this process. Idempotent. With
     `apply_now=False` (inside SGLang's load_plugins, which applies every hook after the plugins ran)
@@ -310,7 +279,6 @@ def apply_cpu_patches(process: str = SCHEDULER, apply_now: bool = True) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cpu_kv_layout_name()  # a bad SGLANG_DSV4_KV_LAYOUT fails here, before any process starts serving
-    from .deterministic import deterministic_patches  # --enable-deterministic-inference (deterministic.py)
 
     mine = [p for p in CPU_PATCHES if p.process == process] + deterministic_patches(process)
     hooked = [p for p in mine if p.kind != "ATTRIBUTE"]

@@ -44,7 +44,7 @@ from ...model.model import SegmentInput, V41Model
 from ...sched.config import chunk_rows_for
 from ...split import Semantics, SplitPlan
 from ..shared.pool_dump import dump, dump_dir, log_forward, transferred_extent
-from .patches import cpu_kv_layout_name
+from .kv_layout import cpu_kv_layout_name
 from ..shared.kv_pool import row_format_of_layout
 from ..shared.pool_rows import PoolRows
 from ..prefill.cut import prompt_len_of
@@ -76,36 +76,56 @@ class WindowSplit:
         return cls(settings.window, settings.chunk_rows or settings.window)
 
 
-@dataclass
-class _ScheduleFacts:
-    """What ForwardBatch does not carry, handed over by the init_new hook (cpu_patches.py) in this
-    scheduler process: the model runner's pools and each occupied req slot's prompt length."""
+@dataclass(frozen=True)
+class RequestRecord:
+    """One occupied req slot as the reference forward needs it: the prompt length N whose floors apply (an
+    asym-prefill request was cut to B = N - W tokens: its floors are those of N) and its PD bootstrap room."""
 
-    kv_pool: Any = None
-    req_to_token: torch.Tensor | None = None
-    prompt_len: dict[int, int] = field(default_factory=dict)
-    room: dict[int, int | None] = field(default_factory=dict)  # PD bootstrap room by req slot (pool_dump)
-    role: str = "null"  # SGLang's disaggregation mode of this server
+    prompt_len: int
+    room: int | None = None
 
 
-_FACTS = _ScheduleFacts()
+class ScheduleRecords:
+    """What ForwardBatch does not carry, handed over by the init_new hook (patches.py) in this scheduler
+    process: the model runner's pools, this server's role, a RequestRecord per occupied req slot, and the
+    extend rows queued to ride in the next decode forward (`ride_next_decode`)."""
+
+    def __init__(self) -> None:
+        self.kv_pool: Any = None
+        self.req_to_token: torch.Tensor | None = None
+        self.role = "null"  # SGLang's disaggregation mode of this server
+        self.requests: dict[int, RequestRecord] = {}
+        self.riders: list[Rider] = []
+
+    def note(self, batch: Any, model_runner: Any) -> None:
+        if self.kv_pool is None and getattr(model_runner, "token_to_kv_pool", None) is not None:
+            from sglang.srt.runtime_context import get_server_args
+
+            self.kv_pool = model_runner.token_to_kv_pool
+            self.req_to_token = model_runner.req_to_token_pool.req_to_token
+            mode = get_server_args().disaggregation_mode
+            self.role = str(getattr(mode, "value", mode))
+        reqs, slots = getattr(batch, "reqs", None), getattr(batch, "req_pool_indices", None)
+        if reqs and slots is not None:
+            for req, slot in zip(reqs, slots.tolist()):
+                self.requests[int(slot)] = RequestRecord(prompt_len_of(req) or len(req.origin_input_ids),
+                                                         getattr(req, "bootstrap_room", None))
+
+    def room(self, slot: int) -> int | None:
+        record = self.requests.get(slot)
+        return None if record is None else record.room
+
+    def take_riders(self) -> list["Rider"]:
+        left, self.riders = self.riders, []
+        return left
+
+
+RECORDS = ScheduleRecords()  # this scheduler process's (SGLang runs one model runner per scheduler process)
 
 
 def note_schedule_batch(batch: Any, model_runner: Any) -> None:
     """Called by the init_new hook for every ScheduleBatch this scheduler turns into a forward."""
-    if _FACTS.kv_pool is None and getattr(model_runner, "token_to_kv_pool", None) is not None:
-        _FACTS.kv_pool = model_runner.token_to_kv_pool
-        _FACTS.req_to_token = model_runner.req_to_token_pool.req_to_token
-        from sglang.srt.runtime_context import get_server_args
-
-        mode = get_server_args().disaggregation_mode
-        _FACTS.role = str(getattr(mode, "value", mode))
-    reqs, slots = getattr(batch, "reqs", None), getattr(batch, "req_pool_indices", None)
-    if reqs and slots is not None:
-        for req, slot in zip(reqs, slots.tolist()):
-            # an asym-prefill request was cut to B = N - W tokens: its floors are those of N
-            _FACTS.prompt_len[int(slot)] = prompt_len_of(req) or len(req.origin_input_ids)
-            _FACTS.room[int(slot)] = getattr(req, "bootstrap_room", None)
+    RECORDS.note(batch, model_runner)
 
 
 @dataclass(frozen=True)
@@ -192,22 +212,17 @@ class Rider:
     work: Any = None  # the caller's record of what the rows are (to run them another way if no decode came)
 
 
-_RIDERS: list[Rider] = []
-
-
 def ride_next_decode(forward_batch: Any, on_logits: Callable[[torch.Tensor], None], work: Any = None) -> Rider:
     """Queues an extend ForwardBatch's rows for the next decode forward of this scheduler process."""
     rider = Rider(tuple(ReferenceForward.request_rows(forward_batch.input_ids, forward_batch.positions,
                                                       forward_batch)), on_logits, work)
-    _RIDERS.append(rider)
+    RECORDS.riders.append(rider)
     return rider
 
 
 def take_unridden() -> list[Rider]:
     """Riders no decode forward took (the caller runs them another way)."""
-    left = list(_RIDERS)
-    _RIDERS.clear()
-    return left
+    return RECORDS.take_riders()
 
 
 def _captures_every_row(forward_batch: Any) -> bool:
@@ -250,8 +265,8 @@ class ReferenceForward:
         logits, layers, features = self.run_rows(rows + ridden, capture)
         self.forwards += 1
         mode = "mixed" if riders else "decode" if decoding else "verify" if verifying else "extend"
-        log_forward(_FACTS.role, mode, sorted(layers),
-                    [(_FACTS.room.get(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
+        log_forward(RECORDS.role, mode, sorted(layers),
+                    [(RECORDS.room(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
                     decode_rows=len(rows) if decoding else 0)
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
@@ -308,12 +323,12 @@ class ReferenceForward:
                     for i, req in enumerate(reqs)]
         if not mode.is_extend():
             raise NotImplementedError(f"the reference forward runs extend, decode and verify batches, not {mode}")
-        missing = [req for req in reqs if req not in _FACTS.prompt_len]
+        missing = [req for req in reqs if req not in RECORDS.requests]
         if missing:
             raise RuntimeError(f"no prompt length for req slots {missing} (the init_new hook did not see them)")
         out, at = [], 0
         for req, n in zip(reqs, forward_batch.extend_seq_lens_cpu):
-            out.append(RequestRows(req, int(positions[at]), input_ids[at:at + n], _FACTS.prompt_len[req]))
+            out.append(RequestRows(req, int(positions[at]), input_ids[at:at + n], RECORDS.requests[req].prompt_len))
             at += n
         return out
 
@@ -332,7 +347,7 @@ class ReferenceForward:
                 if dump_dir() is not None and r.prompt_len is not None:  # test aid (pool_dump.py)
                     extent = transferred_extent(self.cfg, r.prompt_len)
                     if r.end == extent.num_tokens:
-                        dump(self.rows, _FACTS.role, _FACTS.room.get(r.req), r.req, extent)
+                        dump(self.rows, RECORDS.role, RECORDS.room(r.req), r.req, extent)
         finally:
             for item in inputs:
                 item.cache.release()
@@ -415,9 +430,9 @@ class _LazyPoolBinding:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
                  **kwargs: Any) -> Any:
         if self.bound is None:
-            if _FACTS.kv_pool is None:
+            if RECORDS.kv_pool is None:
                 raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
-            rows = PoolRows(_FACTS.kv_pool, _FACTS.req_to_token, self.reference.cfg)
+            rows = PoolRows(RECORDS.kv_pool, RECORDS.req_to_token, self.reference.cfg)
             if rows.row_format != self.reference.quant.mode:
                 raise RuntimeError(f"SGLang's pool holds {rows.row_format} rows, the reference model quantizes its "
                                    f"caches as {self.reference.quant.mode}")
