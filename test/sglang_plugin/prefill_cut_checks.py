@@ -25,7 +25,7 @@ def main(rows: int, forward_log: str) -> None:
     import os
 
     os.environ["SGLANG_ASYM_FORWARD_LOG"] = forward_log
-    from sglang_asym.sglang_plugin.shared.meta_model import build_model
+    from meta_model import build_model
     from sglang_asym.sglang_plugin.prefill.cut_hook import cut_of, install_prefill_cut
     from sglang_asym.sglang_plugin.prefill.role import PrefillRole
     from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context

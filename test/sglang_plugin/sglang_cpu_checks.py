@@ -91,7 +91,7 @@ def load(checkpoint: str) -> dict:
         from sglang.srt import runtime_context
         from sglang.srt.runtime_context import SpawnRanks
 
-        from sglang_asym.sglang_plugin.shared.meta_model import cpu_adjustments
+        from meta_model import cpu_adjustments
         from sglang_asym.sglang_plugin.prefill.model import PrefillModelError
         from sglang_asym.sglang_plugin.prefill.role import PrefillRole
         from sglang_asym.sglang_plugin.shared.weight_names import load_target
@@ -231,6 +231,7 @@ def _exact_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dic
 
     from sglang.srt.disaggregation.base.conn import KVPoll
 
+    import payload_transfer as transfer
     from sglang_asym.sglang_plugin.shared import pool_payload as pp
     from sglang_asym.sglang_plugin.prefill.exact_payload import POOL_ATTR, exact_manager_class
 
@@ -265,7 +266,7 @@ def _exact_send(p_pool, p_pages, d_pool, d_pages, split, config_dir: str) -> dic
         "bytes": sum(n for _, _, n in engine.blocks),
         "writes": len(engine.blocks),
         "changed": sorted(n for n, t in _pool_tensors(d_pool).items() if not torch.equal(t, before[n])),
-        "back": pp.read_payload(d_pool, d_pages, split),
+        "back": transfer.read_payload(d_pool, d_pages, split),
     }
 
 
@@ -279,6 +280,7 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
     from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
+    import payload_transfer as transfer
     from sglang_asym.sglang_plugin.shared import pool_payload as pp
 
     p_args = _asym_kv_args(p_pool, "asym-prefill", split, config_dir)
@@ -302,8 +304,8 @@ def _sglang_registration_send(p_pool, p_pages, d_pool, d_pages, split, config_di
     request = types.SimpleNamespace(dst_state_indices=d_state, mooncake_session_id="capture", room=ROOM)
     rc_extra = manager.maybe_send_extra(request, p_state, executor=None, target_rank_registration_info=registration)
     before = {name: t.clone() for name, t in _pool_tensors(d_pool).items()}
-    pp.apply_blocks([pp.TransferBlock(s, d, n, "") for s, d, n in blocks])
-    back = pp.read_payload(d_pool, d_pages, split)
+    transfer.apply_blocks([transfer.TransferBlock(s, d, n, "") for s, d, n in blocks])
+    back = transfer.read_payload(d_pool, d_pages, split)
     return {
         "rc": [rc, rc_extra],
         "p_state_layer_ids": [[str(st) for st in p_args.state_types], p_args.state_layer_ids],
@@ -338,6 +340,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     from sglang_asym.checkpoint.random_init import random_weights
     from sglang_asym.formats import unpack_rows
     from sglang_asym.model import V41Model
+    import payload_transfer as transfer
     from sglang_asym.sglang_plugin.shared import pool_payload as pp
     from sglang_asym.sglang_plugin.shared.kv_pool import row_format_of_layout
     from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
@@ -369,8 +372,8 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
                           for _ in range(2))
         p_pages = pp.RequestPages(full_pages=(3, 1), swa_pages=(1, 0), req_pool_idx=2)
         d_pages = pp.RequestPages(full_pages=(5, 6), swa_pages=(2, 4), req_pool_idx=1)
-        pp.write_payload(p_pool, p_pages, split, rows)
-        p_back = pp.read_payload(p_pool, p_pages, split)
+        transfer.write_payload(p_pool, p_pages, split, rows)
+        p_back = transfer.read_payload(p_pool, p_pages, split)
 
         # SGLang's own CPU readers of the index-key pool, at the slots of our rows
         index_readback = {}
@@ -393,12 +396,12 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
         v4_readback = _v4_readback(cfg, split, p_pool, p_pages, rows) if kv_layout == "v4" else None
 
         d_before = {name: t.clone() for name, t in _pool_tensors(d_pool).items()}
-        blocks = pp.sglang_transfer_blocks(p_pool, p_pages, d_pool, d_pages, split)
+        blocks = transfer.sglang_transfer_blocks(p_pool, p_pages, d_pool, d_pages, split)
         sent: dict[str, int] = defaultdict(int)
         for block in blocks:
-            sent[block.entry] += len(pp.read_block(block))
-        pp.apply_blocks(blocks)
-        d_back = pp.read_payload(d_pool, d_pages, split)
+            sent[block.entry] += len(transfer.read_block(block))
+        transfer.apply_blocks(blocks)
+        d_back = transfer.read_payload(d_pool, d_pages, split)
         changed = sorted(name for name, t in _pool_tensors(d_pool).items() if not torch.equal(t, d_before[name]))
 
         production, exact = {}, {}
@@ -418,9 +421,9 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
 
         asym_split = SplitPlan(cfg, n, window, "asym")
         asym_plan = [[s.buffer_list, [e.name for e in s.entries], list(s.indices)]
-                     for s in pp.asym_send_entries(p_pool, p_pages, asym_split)]
-        short_plan = pp.asym_send_entries(p_pool, p_pages, SplitPlan(cfg, window, window, "asym-exact-encoder"))
-        item_lens = {e.name: pp._buf_infos(p_pool, kind)[2][e.index]
+                     for s in transfer.asym_send_entries(p_pool, p_pages, asym_split)]
+        short_plan = transfer.asym_send_entries(p_pool, p_pages, SplitPlan(cfg, window, window, "asym-exact-encoder"))
+        item_lens = {e.name: transfer._buf_infos(p_pool, kind)[2][e.index]
                      for kind, entries in pp.pool_entries(p_pool).items() for e in entries}
         return {
             "boundary": split.boundary,
@@ -433,7 +436,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
             "blocks": len(blocks),
             "d_changed": changed,
             "plan": [[s.buffer_list, [e.name for e in s.entries], list(s.indices)]
-                     for s in pp.asym_send_entries(p_pool, p_pages, split)],
+                     for s in transfer.asym_send_entries(p_pool, p_pages, split)],
             "asym_plan": asym_plan,
             "short_plan": len(short_plan),
             "production": production,
@@ -501,11 +504,12 @@ def _sglang_fp4_table() -> list:
 
 
 def _pool_tensors(pool) -> dict:
+    import payload_transfer as transfer
     from sglang_asym.sglang_plugin.shared import pool_payload as pp
 
     out = {}
     for kind, entries in pp.pool_entries(pool).items():
-        ptrs = pp._buf_infos(pool, kind)[0]
+        ptrs = transfer._buf_infos(pool, kind)[0]
         for entry in entries:
             out[entry.name] = ptrs[entry.index]
     tensors = {}

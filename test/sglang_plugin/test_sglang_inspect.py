@@ -13,7 +13,7 @@ from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.prefill.role import PrefillRole
 from sglang_asym.sglang_plugin.shared.weight_names import LoadTarget, load_target, released_tensor_names, sglang_name
 
-from .conftest import run_python
+from .conftest import REPO, run_python
 
 FLASH = V41Config.flash()
 
@@ -21,7 +21,7 @@ FLASH = V41Config.flash()
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("inspect") / "flash.json"
-    done = run_python(["-m", "sglang_asym.sglang_plugin.shared.inspect_sglang", "--preset", "flash", "--out", str(out)])
+    done = run_python([str(REPO / "test/sglang_plugin/inspect_sglang.py"), "--preset", "flash", "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1].startswith(f"1258 SGLang parameters, built in ")
     return json.loads(out.read_text())
@@ -202,7 +202,7 @@ def test_sglang_code_the_prefill_truncation_relies_on(report):
 
 
 def test_engram_tables_other_than_flash_need_their_vocab_size():
-    from sglang_asym.sglang_plugin.shared.meta_model import sglang_hf_config
+    from .meta_model import sglang_hf_config
 
     cfg = FLASH.replace(engram_num_embeddings=(1000, 2000))
     with pytest.raises(ValueError) as err:

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..shared.room_lifecycle import PREFILL_ABORT_WORDS
 from ..shared.settings import settings_of
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,9 @@ FALLBACK_ATTR = "_sglang_asym_fallback"
 # canary test pins each prefix to SGLang's source).
 FAILURE_PREFIXES = ("Decode handshake failed", "Decode transfer failed")
 # A request its client aborted: on D (Scheduler.abort_request marks it before SGLang aborts its receiver,
-# whose failure then reads like any other), or on P alone (room_lifecycle.py tells D in these words).
+# whose failure then reads like any other), or on P alone (shared/room_lifecycle.py tells D in
+# PREFILL_ABORT_WORDS).
 CLIENT_ABORTED_ATTR = "_sglang_asym_client_aborted"
-PREFILL_ABORT_WORDS = "aborted on the prefill worker"
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,10 @@ import logging
 import time
 from typing import Any
 
-from ..decode.transfer_fallback import PREFILL_ABORT_WORDS
-
 log = logging.getLogger(__name__)
 
 _UNKNOWN = object()
+PREFILL_ABORT_WORDS = "aborted on the prefill worker"  # D's recompute fallback leaves such a room alone
 ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it gave up (beyond SGLang's timeouts)
 
 

@@ -22,10 +22,10 @@ from typing import Any, Iterator
 
 import torch
 
-from ...config import V41Config
-from ..prefill.model import build_prefill_model
-from ..prefill.role import PrefillRole
-from .sglang_cpu import patched
+from sglang_asym.config import V41Config
+from sglang_asym.sglang_plugin.prefill.model import build_prefill_model
+from sglang_asym.sglang_plugin.prefill.role import PrefillRole
+from sglang_asym.sglang_plugin.shared.sglang_cpu import patched
 
 # The released Flash config's `engram_vocab_size` (V41Config does not model it). Derived: SGLang
 # draws each Engram layer's 3 x 8 hash-table primes upward from this size, and their sums are

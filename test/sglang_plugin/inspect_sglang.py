@@ -9,7 +9,7 @@
   signatures   parameter names of the SGLang callables this relies on (the canary tests pin them)
   relied_on    facts of SGLang's code the truncation, the scheduler hooks and the registration rely on
 
-    python -m sglang_asym.sglang_plugin.shared.inspect_sglang --preset flash --out sglang_flash.json
+    python test/sglang_plugin/inspect_sglang.py --preset flash --out sglang_flash.json
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from ...config import V41Config
-from .sglang_cpu import sglang_cpu_context
-from .weight_names import released_tensor_names
+from sglang_asym.config import V41Config
+from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+from sglang_asym.sglang_plugin.shared.weight_names import released_tensor_names
 
 KV_LAYOUTS = ("v41", "v4")
 
@@ -157,7 +157,7 @@ def _released_checkpoint_on_meta(cfg: V41Config):
     """(name, meta tensor) for every tensor a released checkpoint stores (DSpark and Engram included)."""
     import torch
 
-    from ...checkpoint.specs import checkpoint_tensor_specs, disk_layout
+    from sglang_asym.checkpoint.specs import checkpoint_tensor_specs, disk_layout
 
     for spec in checkpoint_tensor_specs(cfg):
         for stored in disk_layout(spec, "release"):
@@ -166,8 +166,8 @@ def _released_checkpoint_on_meta(cfg: V41Config):
 
 def inspect_prefill_role(cfg: V41Config, quantized: bool) -> dict:
     """Needs sglang_cpu_context."""
-    from .meta_model import build_model, cpu_adjustments, parameter_table
-    from ..prefill.role import PrefillRole
+    from meta_model import build_model, cpu_adjustments, parameter_table
+    from sglang_asym.sglang_plugin.prefill.role import PrefillRole
 
     role = PrefillRole.from_config(cfg)
     model = build_model(cfg, "meta", quantized, role=role)
@@ -200,8 +200,8 @@ def inspect(cfg: V41Config, quantized: bool) -> dict:
         import sglang
         from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 
-        from .kv_pool import build_kv_pool, pool_buffer_layout
-        from .meta_model import build_meta_model, parameter_table
+        from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool, pool_buffer_layout
+        from meta_model import build_meta_model, parameter_table
 
         start = time.perf_counter()
         model = build_meta_model(cfg, quantized=quantized)
@@ -228,7 +228,7 @@ def inspect(cfg: V41Config, quantized: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_asym.sglang_plugin.shared.inspect_sglang")
+    parser = argparse.ArgumentParser(prog="python test/sglang_plugin/inspect_sglang.py")
     parser.add_argument("--preset", default="flash", help="V41Config preset (tiny, small, flash)")
     parser.add_argument("--config", help="a config.json instead of a preset")
     parser.add_argument("--unquantized", action="store_true", help="build without the release's FP8/FP4 config")
