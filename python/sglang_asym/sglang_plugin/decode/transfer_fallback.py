@@ -31,19 +31,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..shared.request_record import note, request_record
 from ..shared.room_lifecycle import PREFILL_ABORT_WORDS
 from ..shared.settings import settings_of
 
 log = logging.getLogger(__name__)
 
-FALLBACK_ATTR = "_sglang_asym_fallback"
 # What SGLang's decode queues say when a request's handshake or transfer fails (decode.py in 0.5.23; the
 # canary test pins each prefix to SGLang's source).
 FAILURE_PREFIXES = ("Decode handshake failed", "Decode transfer failed")
-# A request its client aborted: on D (Scheduler.abort_request marks it before SGLang aborts its receiver,
-# whose failure then reads like any other), or on P alone (shared/room_lifecycle.py tells D in
-# PREFILL_ABORT_WORDS).
-CLIENT_ABORTED_ATTR = "_sglang_asym_client_aborted"
+# A request its client aborted is never recomputed: on D, Scheduler.abort_request marks it (its record's
+# client_aborted) before SGLang aborts its receiver, whose failure then reads like any other; on P alone,
+# shared/room_lifecycle.py tells D in PREFILL_ABORT_WORDS.
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class Fallback:
 
 
 def fallback_of(req: Any) -> Fallback | None:
-    return getattr(req, FALLBACK_ATTR, None)
+    return request_record(req).fallback
 
 
 def _recomputes() -> bool:
@@ -75,7 +74,7 @@ def failure_message(req: Any) -> str | None:
     message = str(getattr(reason, "message", "") or "")
     if not message.startswith(FAILURE_PREFIXES) or PREFILL_ABORT_WORDS in message:
         return None
-    if getattr(req, CLIENT_ABORTED_ATTR, False) or fallback_of(req) is not None:
+    if request_record(req).client_aborted or fallback_of(req) is not None:
         return None
     if req.output_ids or getattr(req, "pd_rebootstrap_in_progress", False):
         return None  # a retracted request's outputs exist: P's rebootstrap, or nothing
@@ -135,7 +134,7 @@ def _readmit(prealloc_queue: Any, req: Any, message: str, deferred: list) -> Non
     req.detach_kv()
     req.lock = None
     req.finished_reason = None
-    setattr(req, FALLBACK_ATTR, Fallback(message, time.perf_counter()))
+    note(req, fallback=Fallback(message, time.perf_counter()))
     room, req.bootstrap_host = req.bootstrap_room, FAKE_BOOTSTRAP_HOST
     log.warning("request %s (bootstrap_room %s): %s; recomputing its %d-token prompt on this decode worker "
                 "(--asym-transfer-fallback recompute)", req.rid, room, message.split(" for request")[0],
@@ -161,7 +160,7 @@ def around_abort_request(original: Callable, scheduler: Any, recv_req: Any, *arg
         for queue in (scheduler.disagg_decode_prealloc_queue, scheduler.disagg_decode_transfer_queue):
             for decode_req in queue.queue:
                 if recv_req.abort_all or decode_req.req.rid.startswith(recv_req.rid):
-                    setattr(decode_req.req, CLIENT_ABORTED_ATTR, True)
+                    note(decode_req.req, client_aborted=True)
     return original(scheduler, recv_req, *args, **kwargs)
 
 

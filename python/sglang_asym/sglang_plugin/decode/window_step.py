@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from ...sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, plan_step
 from ..cpu_platform.deterministic import deterministic_inference
-from ..prefill.cut import PROMPT_LEN_ATTR
+from ..shared.request_record import note, request_record
 from ..shared.settings import AsymSettings, settings_of
 from .transfer_fallback import fallback_of
 from .window_batch import WindowChunk, run_window_chunks, sample_window, window_forward_batch
@@ -50,7 +50,6 @@ from .window_batch import WindowChunk, run_window_chunks, sample_window, window_
 log = logging.getLogger(__name__)
 _RAISED_ATTR = "_sglang_asym_budget_raised"  # the scheduler logged the deterministic budget raise once
 
-WINDOW_ATTR = "_sglang_asym_window"
 STEP_ATTR = "_sglang_asym_window_steps"
 
 
@@ -84,7 +83,7 @@ def boundary_of(prompt_len: int, settings: AsymSettings) -> int:
 
 
 def window_of(req: Any) -> WindowProgress | None:
-    return getattr(req, WINDOW_ATTR, None)
+    return request_record(req).window
 
 
 def around_send_kv_metadata(original: Callable, queue: Any, decode_req: Any, kv_indices: Any, page_size: int,
@@ -140,11 +139,11 @@ def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: An
                     values.pop()
     end = len(req.origin_input_ids) + len(req.output_ids) - (1 if replays else 0)
     if end != len(req.origin_input_ids):
-        setattr(req, PROMPT_LEN_ATTR, end)  # the reference forward's floors: those of what P was given
+        note(req, prompt_len=end)  # the reference forward's floors: those of what P was given
     boundary = boundary_of(end, settings)
     step = getattr(queue.scheduler, STEP_ATTR, 0)
     first_row = 0 if fallback_of(req) is not None else boundary  # a recompute fallback: D computes [0, B) too
-    setattr(req, WINDOW_ATTR, WindowProgress(boundary, first_row, end, step, replayed_token=replays))
+    note(req, window=WindowProgress(boundary, first_row, end, step, replayed_token=replays))
     return result
 
 
@@ -183,7 +182,7 @@ def recompute_prefix(scheduler: Any, req: Any) -> None:
     progress = window_of(req)
     started = time.perf_counter()
     run_window_chunks(scheduler, [WindowChunk(req, progress.next_row, progress.boundary)])
-    setattr(req, WINDOW_ATTR, replace(progress, next_row=progress.boundary))
+    note(req, window=replace(progress, next_row=progress.boundary))
     fallback = fallback_of(req)
     log.warning("request %s: recomputed its %d-token prefix on this decode worker in %.3f s (%.3f s after its "
                 "transfer failed)", req.rid, progress.boundary, time.perf_counter() - started,
@@ -246,12 +245,12 @@ def finish_step(window_step: WindowStep, tokens: list[int]) -> int:
         if progress is None or req.finished():  # aborted meanwhile: SGLang's abort path frees it
             continue
         if chunk.end == progress.end:
-            setattr(req, WINDOW_ATTR, None)
+            note(req, window=None)
             completed += 1
             if not progress.replayed_token:
                 req.output_ids.append(token)
         else:
-            setattr(req, WINDOW_ATTR, replace(progress, next_row=chunk.end, last_chunk_step=window_step.step))
+            note(req, window=replace(progress, next_row=chunk.end, last_chunk_step=window_step.step))
     return completed
 
 

@@ -20,10 +20,8 @@ from typing import Any
 
 from ...config import V41Config
 from ...split import SplitPlan
+from ..shared.request_record import note, request_record
 from ..shared.settings import AsymSettings
-
-PROMPT_LEN_ATTR = "_sglang_asym_prompt_len"
-
 
 class PrefillCutError(ValueError):
     """A request that cannot be cut (already cut, already computed, or an empty prompt)."""
@@ -70,7 +68,7 @@ def logprobs_refusal(prompt_len: int, logprob_start_len: int, settings: AsymSett
 
 def prompt_len_of(req: Any) -> int | None:
     """The prompt length a cut request had before the cut, None for a request never cut."""
-    return getattr(req, PROMPT_LEN_ATTR, None)
+    return request_record(req).prompt_len
 
 
 def cut_request(req: Any, cut: PrefillCut) -> None:
@@ -96,4 +94,4 @@ def cut_request(req: Any, cut: PrefillCut) -> None:
     req.full_untruncated_fill_ids = kept[:0]  # rebuilt from the cut origin by refresh_fill_ids
     if getattr(req, "logprob_start_len", -1) > cut.boundary:  # "output tokens only" was set as N
         req.logprob_start_len = cut.boundary
-    setattr(req, PROMPT_LEN_ATTR, cut.prompt_len)
+    note(req, prompt_len=cut.prompt_len)

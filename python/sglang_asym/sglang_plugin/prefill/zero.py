@@ -21,20 +21,20 @@ import logging
 from http import HTTPStatus
 from typing import Any, Callable
 
+from ..shared.request_record import note, request_record
 from .cut import prompt_len_of
 
 log = logging.getLogger(__name__)
 
-ZERO_ATTR = "_sglang_asym_zero_compute"
 PLACEHOLDER_TOKEN = 0
 
 
 def mark_zero_compute(req: Any) -> None:
-    setattr(req, ZERO_ATTR, True)
+    note(req, zero_compute=True)
 
 
 def is_zero_compute(req: Any) -> bool:
-    return bool(getattr(req, ZERO_ATTR, False))
+    return request_record(req).zero_compute
 
 
 def around_can_prefill_before_bootstrap(original: Callable, queue: Any, req: Any, *args: Any, **kwargs: Any) -> bool:
