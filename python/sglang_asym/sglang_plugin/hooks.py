@@ -1,16 +1,16 @@
 """The SGLang symbols the plugin hooks, and what each hook does.
 
   ServerArgs.add_cli_args   AFTER   add the asymmetric modes and --asym-* flags (so --help lists them)
-  ServerArgs.from_cli_args  AROUND  refuse a V4.1 checkpoint SGLang's pool cannot hold (servable.py, every
+  ServerArgs.from_cli_args  AROUND  refuse a V4.1 checkpoint SGLang's pool cannot hold (shared/servable.py, every
                                     mode); validate + translate asym-* to prefill/decode, attach AsymSettings
   prepare_server_args       AROUND  argument errors as argparse-style exits
   runtime_context.publish   AFTER   on CUDA, an asymmetric server's launcher and schedulers refuse the
-                                    settings the path does not handle (cuda_guards.py); in a
-                                    scheduler process: on CPU, applies cpu_patches.py (SGLang's
+                                    settings the path does not handle (shared/cuda_guards.py); in a
+                                    scheduler process: on CPU, applies cpu_platform/patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
                                     modules do not import on a CPU-only launcher); in the launcher
-                                    process of an asymmetric server, the drain refusal (drain.py:
+                                    process of an asymmetric server, the drain refusal (shared/drain.py:
                                     TokenizerManager.generate_request AROUND, 503 after SIGTERM)
 Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_canaries.py), one table
 per room, installed together by install_scheduler_hooks():

@@ -14,7 +14,7 @@ sharing its embedding and head), step by step as dspark_step.py describes:
           per request, ONE TARGET_VERIFY forward (q_len = 1 + k), SGLang's greedy accept, and the result
           in DSparkWorkerV2's layout (accept_lens, out tokens, the next bonus and sequence lengths).
 There is no draft model runner, draft KV pool or device graph. Greedy requests only, without grammars: the
-launcher refuses sampled and constrained ones with a 400 (cpu_patches.refuse_sampled_speculation), since
+launcher refuses sampled and constrained ones with a 400 (patches.refuse_sampled_speculation), since
 the drafter's proposals are checked by argmax without a grammar mask.
 """
 

@@ -3,7 +3,7 @@
 Each entry of `CPU_PATCHES` names the SGLang symbol, the kind of change, the process it matters in
 (the launcher, which also runs the tokenizer manager and HTTP server, or a scheduler) and why.
 `apply_cpu_patches(process)` applies that process's entries, only when the CPU engine is selected
-(cpu_engine_mode.py); test_canaries.py checks every target against the pinned SGLang, so an upgrade
+(engine_mode.py); test_canaries.py checks every target against the pinned SGLang, so an upgrade
 fails loudly instead of serving wrong bytes.
 
 Launcher:
@@ -15,7 +15,7 @@ Launcher:
                         --speculative-algorithm DSPARK also sampled (non-greedy) and constrained (grammar)
                         requests: the CPU engine's DSpark worker verifies drafts by argmax (dspark_worker.py)
   speculative_hook._handle_dspark                AROUND   SGLang refuses DSpark on any device but cuda / npu /
-                        xpu before asking the platform; on this platform (which serves it, cpu_platform.py) its
+                        xpu before asking the platform; on this platform (which serves it, platform.py) its
                         checks run with that one gate passed, and overlap scheduling is turned off as SGLang
                         does for EAGLE and NGRAM on CPU (_disable_overlap_schedule_for_cpu)
 Scheduler:
@@ -32,7 +32,7 @@ Scheduler:
                         prompt length by req slot (it applies SGLang's replay floors from it) and the
                         runner's pools (the ForwardBatch the model sees may be a copy: no attributes)
   DecodeTransferQueue._commit_transfer_to_req    AFTER    a test aid, a no-op unless SGLANG_ASYM_POOL_DUMP_DIR
-                        is set: dump the rows D received (pool_dump.py)
+                        is set: dump the rows D received (shared/pool_dump.py)
   rope_variant.get_device                        REPLACE  "cpu" (it raises without an accelerator)
   rotary_embedding.factory.get_rope_wrapper      AROUND   the generic rope for device "cpu": the CPU
                         branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none

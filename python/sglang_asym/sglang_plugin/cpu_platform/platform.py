@@ -9,7 +9,7 @@ tokenizer manager, detokenizer and HTTP server then run on CPU, torch-native whe
 asked, with no Triton and no device graphs. Being out of tree is what keeps SGLang from reaching for
 its CUDA fallback kernels (`vllm._custom_ops` in the rotary embedding, the sgl-kernel CPU ops of its
 in-tree CPU engine). What the platform cannot decline through its own interface is patched in
-`cpu_patches.py`; DeepSeek-V4.1's forward is the project's reference model (`reference_forward.py`),
+`patches.py`; DeepSeek-V4.1's forward is the project's reference model (`reference_forward.py`),
 installed by `post_load_model`. `--speculative-algorithm DSPARK` runs the platform's speculative worker
 (dspark_worker.py) with torch slot-table helpers (spec_slots.py).
 """

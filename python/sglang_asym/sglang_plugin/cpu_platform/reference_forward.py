@@ -2,7 +2,7 @@
 
 `install_reference_forward` runs once the model runner has loaded SGLang's DeepseekV4ForCausalLM
 (the CPU platform's `post_load_model`): it builds the reference model from SGLang's loaded
-parameters (sglang_weights.py) and replaces the instance's `forward`. Each call then:
+parameters (reference_weights.py) and replaces the instance's `forward`. Each call then:
 1. cuts the ForwardBatch into one segment per request (its tokens, first position, req slot, and
    its prompt length N, which `ForwardBatch.init_new` records from the ScheduleBatch's requests);
 2. applies SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
@@ -344,7 +344,7 @@ class ReferenceForward:
             outputs = self.model.forward_batch(inputs)
             for (_, r, _), item in zip(phase, inputs):
                 self._store(item.cache, r)
-                if dump_dir() is not None and r.prompt_len is not None:  # test aid (pool_dump.py)
+                if dump_dir() is not None and r.prompt_len is not None:  # test aid (shared/pool_dump.py)
                     extent = transferred_extent(self.cfg, r.prompt_len)
                     if r.end == extent.num_tokens:
                         dump(self.rows, RECORDS.role, RECORDS.room(r.req), r.req, extent)

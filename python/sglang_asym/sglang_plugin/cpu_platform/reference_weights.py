@@ -1,6 +1,6 @@
 """The reference model's weights taken from SGLang's loaded DeepseekV4ForCausalLM (no second read).
 
-SGLang's loader reads the checkpoint once into its own parameters (weight_names.py says where each
+SGLang's loader reads the checkpoint once into its own parameters (shared/weight_names.py says where each
 released tensor lands: fused `wqkv_a` / `wkv_gate` / `gate_up_proj`, stacked experts, FP8 / FP4
 codes and scales kept raw, `wo_a` dequantized to bf16). `released_tensors` inverts that mapping: each
 released tensor is cut back out of its SGLang parameter (fused and stacked parameters split along

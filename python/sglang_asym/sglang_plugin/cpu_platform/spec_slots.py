@@ -3,7 +3,7 @@
 SGLang 0.5.23 picks Triton, NPU or sgl-kernel implementations by device flags (`_is_cpu` means its
 in-tree CPU engine); on this out-of-tree platform none applies:
   assign_req_to_token_pool   (mem_cache.allocation.assign_req_to_token_pool_func, patched REPLACE in
-                             cpu_patches.py) writes the slots `alloc_for_spec_decode` allocated for each
+                             patches.py) writes the slots `alloc_for_spec_decode` allocated for each
                              request's speculative window into its req_to_token row
   speculative_cache_locs     (the platform's `get_speculative_cache_locs_fn`, asked by
                              kernels.ops.speculative.cache_locs) reads the slots of each request's verify

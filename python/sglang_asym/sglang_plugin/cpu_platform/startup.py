@@ -5,7 +5,7 @@ plugins, and unpickling imports `sglang.srt.configs`, which reaches torchvision 
 helper. On a CPU machine no torchvision imports beside the CPU torch, so the stand-in must be in
 place at interpreter start. The package installs `sglang_asym_startup.pth` into site-packages (see
 setup.py); it calls `run()`, which does nothing unless the launcher turned the CPU engine on for its
-children (cpu_engine_mode.CHILD_FLAG), so every other Python process pays one environment lookup.
+children (engine_mode.CHILD_FLAG), so every other Python process pays one environment lookup.
 """
 
 from __future__ import annotations

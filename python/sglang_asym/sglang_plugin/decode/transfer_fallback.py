@@ -14,7 +14,7 @@ holds the request's pages (deferred release, SGLang's default, keeps them until 
 in flight). Afterwards each held-back request is re-admitted to the prealloc queue as a fake transfer
 (SGLang's own local-transfer path, FAKE_BOOTSTRAP_HOST): fresh pages, no peer. Pages still held for a
 deferred release stay with a shallow copy of the request, so that release frees the old pages and not
-the new ones. At commit (asym_decode.py) the request's window starts at row 0 instead of B: its first
+the new ones. At commit (window_step.py) the request's window starts at row 0 instead of B: its first
 window step runs the prefix [0, B) as one EXTEND of its own (the prefill role's computation, done by the
 full model), then [B, N) runs as any window does. Requests that never fall back: one aborted by its
 client (on D, or on P alone: P tells D in PREFILL_ABORT_WORDS), one that fell back before, and a

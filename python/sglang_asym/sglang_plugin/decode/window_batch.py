@@ -7,7 +7,7 @@ the transfer; P's payload filled the prefix [0, B). A window chunk therefore nee
 sampling info, extend lengths) while its `alloc_for_extend` is replaced, for this call only, by the
 request's resident slots. The request fields `prepare_for_extend` reads and writes (prefix length,
 extend end, cached-token counters) are restored afterwards, so the request leaves the window exactly
-as SGLang's commit left it and continues on SGLang's prebuilt path (see asym_decode.py).
+as SGLang's commit left it and continues on SGLang's prebuilt path (see window_step.py).
 The batch either runs as a forward of its own (`run_window_chunks`), or is only turned into a
 ForwardBatch (`window_forward_batch`) whose rows the reference forward runs beside the next decode
 forward's rows, its logits then sampled by SGLang's sampler (`sample_window`).

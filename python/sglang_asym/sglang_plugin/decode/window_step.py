@@ -5,7 +5,7 @@ Five hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each targ
                                                        encoder window rows land (SGLang allocates them
                                                        only for the window ending at N)
   DecodePreallocQueue._send_kv_metadata        AROUND  the destinations D sends P are those of the
-                                                       prefix B = N - W (decode_destinations.py)
+                                                       prefix B = N - W (destinations.py)
   DecodeTransferQueue._commit_transfer_to_req  AROUND  P's placeholder token (P samples nothing that
                                                        counts) is dropped; the request is marked
                                                        "window pending" with its rows [B, N) to run
@@ -28,9 +28,9 @@ the running batch's decode forward, one forward holding both (reference_forward.
 the running requests decode in every iteration and each forward's rows stay within the token budget.
 With no decode batch to ride, the chunks run as an EXTEND forward of their own (window_batch.py); a
 window completed that way is merged at once, so the request decodes in the same iteration.
-Under speculative decoding (--speculative-algorithm DSPARK, dspark_worker.py) the running batch's forward is
-a TARGET_VERIFY forward, which takes no riders: the chunks always run as their own EXTEND, through the
-speculative worker, which also hands the window's features to the drafter (its context is the window).
+Under speculative decoding (--speculative-algorithm DSPARK, cpu_platform/dspark_worker.py) the running
+batch's forward is a TARGET_VERIFY forward, which takes no riders: the chunks always run as their own
+EXTEND, through the speculative worker, which also hands the window's features to the drafter (its context is the window).
 """
 
 from __future__ import annotations

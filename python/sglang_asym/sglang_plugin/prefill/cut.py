@@ -5,11 +5,11 @@ only applies it to a SGLang request. `cut_request` shortens the request's prompt
 `Req.origin_input_ids`, its unpadded copy and the fill ids derived from them) to its first B tokens
 before SGLang sizes the KV transfer, checks capacity or schedules the prefill, so SGLang's own
 prefill computes [0, B), its own sender ships the pages covering [0, B) and the registration of
-asym_registration.py narrows that to the payload. The full prompt length stays on the request
+shared/pd_registration.py narrows that to the payload. The full prompt length stays on the request
 (`prompt_len_of`) for logs and checks.
 
 A prompt with N <= W has nothing to compute on P (`PrefillCut.runs_forward` is False): it is cut to
-no tokens, and prefill_zero.py concludes it without a forward.
+no tokens, and zero.py concludes it without a forward.
 Nothing here imports SGLang; the request is duck-typed on the Req fields named above.
 """
 

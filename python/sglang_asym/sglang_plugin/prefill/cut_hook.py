@@ -1,6 +1,6 @@
 """P's cut inside SGLang's own DeepseekV4Model loop: one hook, bound at model load, the same on every device.
 
-`install_prefill_cut` binds two wrappers to the truncated model's instance (prefill_model.py builds it):
+`install_prefill_cut` binds two wrappers to the truncated model's instance (model.py builds it):
 - around `DeepseekV4Model._forward_layers_hc_pre_from_prev` (the V4.1 layer loop `_forward_impl` calls):
   the loop runs with `end_layer` = the last KV source L, so layers 0..L-1 run as SGLang runs them and
   layer L-1's pending mHC post completes in SGLang's own epilogue (`state.materialized`); then layer L's
@@ -15,7 +15,7 @@
   right after the loop: no final norm, no mHC head, never `lm_head` (a `PPMissingLayer` on P). P samples
   nothing: the forward hands the model runner zero logits, one row per request (the placeholder token
   SGLang's prefill flow needs, never sent).
-Bounded replay must be off on P (cuda_guards.py): a late-layer tail would hand this loop layer L's
+Bounded replay must be off on P (shared/cuda_guards.py): a late-layer tail would hand this loop layer L's
 replay rows, and the hook refuses one.
 """
 
@@ -140,7 +140,7 @@ def cut_forward(causal_lm: Any, vocab_size: int) -> Callable[..., Any]:
 
 
 def install_prefill_cut(causal_lm: Any, role: PrefillRole) -> Any:
-    """Binds P's cut to a causal LM built under prefill_model.truncated_construction. Idempotent."""
+    """Binds P's cut to a causal LM built under prefill/model.truncated_construction. Idempotent."""
     if cut_of(causal_lm) is not None:
         return causal_lm
     model = causal_lm.model

@@ -244,7 +244,7 @@ def exact_manager_class() -> type:
 
     class ExactPayloadKVManager(RoomLifecycleManager, MooncakeKVManager):
         """MooncakeKVManager that ships an asymmetric room's manifest rows and nothing else (and keeps a
-        rebootstrapped room's second handshake: room_lifecycle.py)."""
+        rebootstrapped room's second handshake: shared/room_lifecycle.py)."""
 
         def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
             self._asym_rooms: dict[int, _Room] = {}

@@ -1,6 +1,6 @@
 """The asym-prefill role's zero-compute completion: a prompt with N <= W runs no forward on P.
 
-Such a request is cut to no tokens at intake (prefill_cut.py), so SGLang initialises its KV sender
+Such a request is cut to no tokens at intake (cut.py), so SGLang initialises its KV sender
 for zero pages once D has bootstrapped. Three hooks (hooks.py) then keep it out of every forward:
   PrefillBootstrapQueue.can_prefill_before_bootstrap  AROUND  never prefilled optimistically
   PrefillBootstrapQueue.pop_bootstrapped              AROUND  once bootstrapped it is not queued for a

@@ -1,6 +1,6 @@
 """Refuses, at launch, every CUDA setting the asymmetric path does not handle, naming what to change.
 
-On CUDA SGLang's own DeepseekV4Model runs the asymmetric roles (the P cut, prefill_cut_hook.py); these
+On CUDA SGLang's own DeepseekV4Model runs the asymmetric roles (the P cut, prefill/cut_hook.py); these
 settings would drive parts of it the roles do not hold or were never built for:
 - bounded replay on P: `DecoderReplayTail` would run layers >= the last KV source, which P does not hold;
 - a prefill CUDA graph on P: inside a breakable graph the KV sources run as an eager break whose graph

@@ -11,7 +11,7 @@ entries with its decode peer's by position. An asymmetric pair instead
 SGLang's symmetric DSpark PD layout check (`get_dsv41_spec_layout`, compared at the handshake) does not
 apply: it asks for a draft SWA component and equal speculative settings on both sides, because a
 symmetric DSpark P ships the draft KV too. An asymmetric P ships no draft state and never speculates, and
-an asym-decode D that speculates drafts from its own window (dspark_worker.py), so both roles announce no
+an asym-decode D that speculates drafts from its own window (cpu_platform/dspark_worker.py), so both roles announce no
 such layout (`no_symmetric_dspark_layout`).
 With requests cut to B = N - W on the prefill side, SGLang's own per-request indices (pages covering
 [0, B), the window pages below B, the ring of an odd B) then make `send_kvcache` and

@@ -10,7 +10,7 @@ the handshake lands in `transfer_infos`, its WaitingForInput is swallowed by the
 waits for a handshake that never comes (SGLang's 300 s timeout, then a 500). Seen with a 20-token prompt
 retracted while P computed a 3000-token one.
 
-The two mixins below (on the exact-payload manager and its sender, exact_payload.py) keep the second
+The two mixins below (on the exact-payload manager and its sender, prefill/exact_payload.py) keep the second
 lifecycle's handshake:
   manager  conclude_transfer  remembers which handshake the concluded lifecycle had
   sender   clear              pops only the concluded lifecycle: a handshake that is not the remembered
@@ -33,7 +33,7 @@ before the client hears anything. P now tells that D at once that the room faile
                               in flight D is left to SGLang (a write could still land in its pages)
   manager  send_kv_status_message
                               a Failed status for a room aborted on P carries PREFILL_ABORT_WORDS, which
-                              D's recompute fallback (transfer_fallback.py) reads as "do not recompute"
+                              D's recompute fallback (decode/transfer_fallback.py) reads as "do not recompute"
 """
 
 from __future__ import annotations
