@@ -15,7 +15,7 @@ import torch
 from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth)
 from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
 
-from .helpers import ids
+from .helpers import ids, stop_all
 
 NEW_TOKENS = 8
 SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
@@ -23,6 +23,7 @@ SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
 # batch (never the last one, so one-request-at-a-time tests on such a server are not touched)
 RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
 RETRACTED = "sglang:num_retracted_requests_total"
+DETERMINISTIC = "--enable-deterministic-inference"
 
 
 def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None,
@@ -168,21 +169,25 @@ def broken(servers: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def restore(servers: dict[str, Any]) -> None:
-    """Between the cases of a module's shared server set: nothing to do when every server is healthy with
-    empty pools; otherwise the whole set restarts on its ports (the next case gets working servers, and
-    routers configured with those ports stay valid) and the case that broke it fails here."""
-    problems = broken(servers)
-    if not problems:
-        return
-    names = [name for name, s in servers.items() if isinstance(s, ServerProcess)]
-    for name in names:
-        servers[name].stop()
-    for name in names:
-        servers[name] = servers[name].restarted()
-    for name in names:
-        wait_healthy(servers[name], timeout_s=600)
-    raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
+def restore(*server_sets: dict[str, Any]) -> None:
+    """Between the cases of shared server sets (a module's own, a set several modules share): nothing to do
+    when every server is healthy with empty pools; otherwise each broken set restarts whole on its ports (the
+    next case gets working servers, and routers configured with those ports stay valid) and the case that
+    broke it fails here."""
+    problems = []
+    for servers in server_sets:
+        found = broken(servers)
+        if not found:
+            continue
+        problems += found
+        names = [name for name, s in servers.items() if isinstance(s, ServerProcess)]
+        stop_all([servers[name] for name in names])
+        for name in names:
+            servers[name] = servers[name].restarted()
+        for name in names:
+            wait_healthy(servers[name], timeout_s=600)
+    if problems:
+        raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
 
 
 def greedy_together(base: str, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
