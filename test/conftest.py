@@ -9,7 +9,7 @@ The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, 
 of gigabytes each, form two scopes that go first, one to each worker, and run there in file order (the
 modules sharing the deterministic stack last): the modules with up to four servers up at once, and those
 with one pair at a time (asym, faults, lifetime), so at most six servers are up together; then the
-in-process test modules, each on one torch thread."""
+in-process test modules, each on one torch thread, the longest first."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ PAIR_SERVER_MODULES = frozenset({"test_cpu_sglang_engine_asym.py", "test_faults_
 # beside another module's servers
 DETERMINISTIC_STACK_MODULES = ("test_cpu_sglang_engine_asym_dspark.py", "test_cpu_sglang_engine_deterministic.py",
                                "test_cpu_sglang_engine_dspark.py")
+# the in-process modules that take minutes: handed out first after the system tests, so that no worker starts one
+# of them while the other has nothing left to run
+LONG_MODULES_FIRST = ("test/core/test_split.py", "test/speculative/test_split_lengths_small.py",
+                      "test/speculative/test_split_lengths.py")
 
 
 def _starts_servers(item) -> bool:
@@ -49,7 +53,10 @@ def pytest_collection_modifyitems(config, items):
     servers = sorted((item for item in items if _starts_servers(item)),
                      key=lambda item: Path(str(item.path)).name in DETERMINISTIC_STACK_MODULES)
     chosen = set(map(id, servers))
-    items[:] = servers + [item for item in items if id(item) not in chosen]
+    others = [item for item in items if id(item) not in chosen]
+    long_first = {TEST_ROOT.parent / name: rank for rank, name in enumerate(LONG_MODULES_FIRST)}
+    others.sort(key=lambda item: long_first.get(Path(str(item.path)).resolve(), len(long_first)))
+    items[:] = servers + others
 
 
 def server_scope(nodeid: str) -> str | None:
