@@ -87,32 +87,24 @@ def test_a_failed_handshake_or_transfer_is_recomputed_on_d_and_equals_the_pair(p
     assert (metric_sum(decode, FALLBACK_COUNTER) or 0.0) == 0.0
     cases = [("P unreachable", 300, pick_free_port()), ("P unreachable", 100, pick_free_port()),
              ("P never given the room", 900, prefill.bootstrap_port)]
+    facts = []
     with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
-        expected = [_generate(router.url, prompt_of(n)) for _, n, _ in cases]
-        assert [len(tokens) for tokens, _ in expected] == [NEW] * len(cases)
-
-        def fallback(i: int) -> tuple[list[int], float]:
-            routing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": cases[i][2], "bootstrap_room": 7000 + i}
-            return _generate(decode.url, prompt_of(cases[i][1]), **routing)
-
-        # all at once: each waits out its own failure (SGLang's 15 handshake retries a second apart, D's
-        # waiting timeout), and those waits overlap
-        with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
-            got = list(pool.map(fallback, range(len(cases))))
-        for (what, n, _), (want, _), (tokens, _) in zip(cases, expected, got):
-            assert tokens == want, (what, n)
-        assert metric_sum(decode, FALLBACK_COUNTER) == float(len(cases))
-        facts = [{"failure": what, "prompt_tokens": n, "boundary": max(n - WINDOW, 0), "pair_s": round(pair_s, 2),
-                  "fallback_s": round(fallback_s, 2), "sent_together": len(cases)}
-                 for (what, n, _), (_, pair_s), (_, fallback_s) in zip(cases, expected, got)]
+        for i, (what, n, bootstrap_port) in enumerate(cases):
+            prompt = prompt_of(n)
+            expected, pair_s = _generate(router.url, prompt)
+            assert len(expected) == NEW
+            routing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": 7000 + i}
+            got, fallback_s = _generate(decode.url, prompt, **routing)
+            assert got == expected, (what, n)
+            assert metric_sum(decode, FALLBACK_COUNTER) == float(i + 1)
+            facts.append({"failure": what, "prompt_tokens": n, "boundary": max(n - WINDOW, 0),
+                          "pair_s": round(pair_s, 2), "fallback_s": round(fallback_s, 2)})
         log = decode.log.read_text(errors="replace")
         assert log.count(FALLBACK_LINE) == len(cases)
-        lines = [(int(b), float(s)) for b, s in PREFIX_LINE.findall(log)]
-        assert sorted(b for b, _ in lines) == sorted(f["boundary"] for f in facts if f["boundary"])
-        computed = dict(lines)
-        for fact in facts:
-            if fact["boundary"]:
-                fact["prefix_compute_s"] = computed[fact["boundary"]]
+        computed = [(int(b), float(s)) for b, s in PREFIX_LINE.findall(log)]
+        assert [b for b, _ in computed] == [f["boundary"] for f in facts if f["boundary"]]
+        for fact, (_, seconds) in zip([f for f in facts if f["boundary"]], computed):
+            fact["prefix_compute_s"] = seconds
         assert settle([prefill, decode], 120) == [0, 0]
         assert len(_generate(router.url, prompt_of(200))[0]) == NEW  # the pair serves on
     faults.record("engine_transfer_fallback_recompute", requests=facts, outputs_equal_the_pair=True,
