@@ -154,13 +154,20 @@ BACK_TO_EMPTY_S = 60  # after a case, each shared server's used tokens are 0 aga
 def broken(servers: Mapping[str, Any]) -> list[str]:
     """What is wrong with a shared server set after a case: a server that exited, fails /health, or whose
     used tokens (SGLang's gauge, where it has published one) are not back to 0 within BACK_TO_EMPTY_S."""
+    import concurrent.futures
+
     live = {name: s for name, s in servers.items() if isinstance(s, ServerProcess)}
-    problems = []
-    for name, server in live.items():
+
+    def unhealthy(server: ServerProcess) -> str | None:
         try:
             wait_healthy(server, timeout_s=120)
         except (RuntimeError, TimeoutError) as exc:
-            problems.append(f"{name}: {str(exc).splitlines()[0]}")
+            return str(exc).splitlines()[0]
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max(len(live), 1)) as pool:  # each /health is a scheduler request
+        found = dict(zip(live, pool.map(unhealthy, live.values())))
+    problems = [f"{name}: {why}" for name, why in found.items() if why]
     healthy = [(name, s) for name, s in live.items() if not any(p.startswith(name + ":") for p in problems)]
     published = [(name, s) for name, s in healthy if metric_sum(s, "sglang:num_used_tokens") is not None]
     used = settle([s for _, s in published], BACK_TO_EMPTY_S)
