@@ -6,10 +6,10 @@ the memory a test module cached is given back when the module ends: its `lru_cac
 beside the servers the system tests start later.
 
 The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start SGLang servers
-of gigabytes each, form two scopes that go first, one to each worker, and run there in file order: the
-modules with three or four servers up at once, and those with one pair at a time (faults, fallback, DSpark,
-lifetime), so at most six servers are up together; then the in-process test modules, each on one torch
-thread."""
+of gigabytes each, form two scopes that go first, one to each worker, and run there in file order (the
+modules sharing the deterministic stack last): the modules with up to four servers up at once, and those
+with one pair at a time (asym, faults, lifetime), so at most six servers are up together; then the
+in-process test modules, each on one torch thread, the longest first."""
 
 from __future__ import annotations
 
@@ -30,8 +30,17 @@ SERVER_TESTS = TEST_ROOT / "system"
 SERVER_GROUP = "servers"
 PAIR_SERVER_GROUP = "pair-servers"
 # system test modules with at most one P / D pair (two servers) up at a time: they fit beside the others
-PAIR_SERVER_MODULES = frozenset({"test_cpu_sglang_engine_dspark.py", "test_cpu_sglang_engine_fallback.py",
-                                 "test_faults_sglang_engine.py", "test_lifetime.py"})
+PAIR_SERVER_MODULES = frozenset({"test_cpu_sglang_engine_asym.py", "test_faults_sglang_engine.py",
+                                 "test_lifetime.py"})
+# the modules that share the package-scoped deterministic_stack (system/conftest.py): they run last in their
+# scope, so that the stack, up from their first test to the package's last test on the worker, is not up
+# beside another module's servers
+DETERMINISTIC_STACK_MODULES = ("test_cpu_sglang_engine_asym_dspark.py", "test_cpu_sglang_engine_deterministic.py",
+                               "test_cpu_sglang_engine_dspark.py")
+# the in-process modules that take minutes: handed out first after the system tests, so that no worker starts one
+# of them while the other has nothing left to run
+LONG_MODULES_FIRST = ("test/core/test_split.py", "test/speculative/test_split_lengths_small.py",
+                      "test/speculative/test_split_lengths.py")
 
 
 def _starts_servers(item) -> bool:
@@ -40,10 +49,14 @@ def _starts_servers(item) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """The server-starting tests move to the front, so that one worker starts on them at once (xdist
-    hands out scopes in collection order)."""
-    servers = [item for item in items if _starts_servers(item)]
+    hands out scopes in collection order), the deterministic stack's modules last among them."""
+    servers = sorted((item for item in items if _starts_servers(item)),
+                     key=lambda item: Path(str(item.path)).name in DETERMINISTIC_STACK_MODULES)
     chosen = set(map(id, servers))
-    items[:] = servers + [item for item in items if id(item) not in chosen]
+    others = [item for item in items if id(item) not in chosen]
+    long_first = {TEST_ROOT.parent / name: rank for rank, name in enumerate(LONG_MODULES_FIRST)}
+    others.sort(key=lambda item: long_first.get(Path(str(item.path)).resolve(), len(long_first)))
+    items[:] = servers + others
 
 
 def server_scope(nodeid: str) -> str | None:

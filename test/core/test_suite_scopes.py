@@ -19,7 +19,8 @@ def test_the_scope_of_each_kind_of_test():
     conftest = _suite_conftest()
     assert conftest.server_scope("test/system/test_faults_sglang_engine.py::test_a[x]") == "pair-servers"
     assert conftest.server_scope("test/system/test_lifetime.py::test_b") == "pair-servers"
-    assert conftest.server_scope("test/system/test_cpu_sglang_engine_asym.py::test_c") == "servers"
+    assert conftest.server_scope("test/system/test_cpu_sglang_engine_asym.py::test_c[asym]") == "pair-servers"
+    assert conftest.server_scope("test/system/test_cpu_sglang_engine_dspark.py::test_c") == "servers"
     assert conftest.server_scope("test/system/test_cpu_sglang_engine.py::test_d[1]") == "servers"
     assert conftest.server_scope("test/core/test_split.py::test_e") is None
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 from sglang_asym.testing.server_process import ServerProcess, post, post_stream, wait_healthy
@@ -50,6 +54,22 @@ def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Ite
                 wait_healthy(server, timeout_s=timeout_s)
         yield servers
     finally:
-        for server in servers.values():
-            if isinstance(server, ServerProcess):
-                server.stop()
+        stop_all([server for server in servers.values() if isinstance(server, ServerProcess)])
+
+
+def stop_all(servers: list[ServerProcess], timeout_s: float = 15.0) -> None:
+    """ServerProcess.stop for several servers at once: SIGTERM to every process group first, then one shared
+    deadline (each SGLang server takes seconds to exit; one after the other they added up in every teardown),
+    SIGKILL for those still there."""
+    running = [s for s in servers if s.proc.poll() is None]
+    for server in running:
+        with contextlib.suppress(ProcessLookupError):  # it exited since the poll
+            os.killpg(server.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for server in running:
+        try:
+            server.proc.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait(timeout_s)

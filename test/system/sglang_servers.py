@@ -15,7 +15,7 @@ import torch
 from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth)
 from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
 
-from .helpers import ids
+from .helpers import ids, stop_all
 
 NEW_TOKENS = 8
 SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
@@ -23,6 +23,7 @@ SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
 # batch (never the last one, so one-request-at-a-time tests on such a server are not touched)
 RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
 RETRACTED = "sglang:num_retracted_requests_total"
+DETERMINISTIC = "--enable-deterministic-inference"
 
 
 def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None,
@@ -153,13 +154,20 @@ BACK_TO_EMPTY_S = 60  # after a case, each shared server's used tokens are 0 aga
 def broken(servers: Mapping[str, Any]) -> list[str]:
     """What is wrong with a shared server set after a case: a server that exited, fails /health, or whose
     used tokens (SGLang's gauge, where it has published one) are not back to 0 within BACK_TO_EMPTY_S."""
+    import concurrent.futures
+
     live = {name: s for name, s in servers.items() if isinstance(s, ServerProcess)}
-    problems = []
-    for name, server in live.items():
+
+    def unhealthy(server: ServerProcess) -> str | None:
         try:
             wait_healthy(server, timeout_s=120)
         except (RuntimeError, TimeoutError) as exc:
-            problems.append(f"{name}: {str(exc).splitlines()[0]}")
+            return str(exc).splitlines()[0]
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max(len(live), 1)) as pool:  # each /health is a scheduler request
+        found = dict(zip(live, pool.map(unhealthy, live.values())))
+    problems = [f"{name}: {why}" for name, why in found.items() if why]
     healthy = [(name, s) for name, s in live.items() if not any(p.startswith(name + ":") for p in problems)]
     published = [(name, s) for name, s in healthy if metric_sum(s, "sglang:num_used_tokens") is not None]
     used = settle([s for _, s in published], BACK_TO_EMPTY_S)
@@ -168,21 +176,25 @@ def broken(servers: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def restore(servers: dict[str, Any]) -> None:
-    """Between the cases of a module's shared server set: nothing to do when every server is healthy with
-    empty pools; otherwise the whole set restarts on its ports (the next case gets working servers, and
-    routers configured with those ports stay valid) and the case that broke it fails here."""
-    problems = broken(servers)
-    if not problems:
-        return
-    names = [name for name, s in servers.items() if isinstance(s, ServerProcess)]
-    for name in names:
-        servers[name].stop()
-    for name in names:
-        servers[name] = servers[name].restarted()
-    for name in names:
-        wait_healthy(servers[name], timeout_s=600)
-    raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
+def restore(*server_sets: dict[str, Any]) -> None:
+    """Between the cases of shared server sets (a module's own, a set several modules share): nothing to do
+    when every server is healthy with empty pools; otherwise each broken set restarts whole on its ports (the
+    next case gets working servers, and routers configured with those ports stay valid) and the case that
+    broke it fails here."""
+    problems = []
+    for servers in server_sets:
+        found = broken(servers)
+        if not found:
+            continue
+        problems += found
+        names = [name for name, s in servers.items() if isinstance(s, ServerProcess)]
+        stop_all([servers[name] for name in names])
+        for name in names:
+            servers[name] = servers[name].restarted()
+        for name in names:
+            wait_healthy(servers[name], timeout_s=600)
+    if problems:
+        raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
 
 
 def greedy_together(base: str, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:

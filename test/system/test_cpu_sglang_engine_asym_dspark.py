@@ -9,8 +9,9 @@ runs SGLang's retraction switch (every third decode forward retracts a request o
 the last one): of 4 concurrent requests some are retracted mid-speculation and rebootstrapped through P
 (P computes the prompt and the output tokens but the last again, D runs that sequence's window and replays
 the kept token), and each lifecycle's tokens equal the reference model's for that lifecycle, as the plain D's
-(never retracted) equal it for their one lifecycle. One P throughout, and one D at a time: the plain D answers
-first and is stopped, then the speculative D starts behind a new router; every server is stopped at the end.
+(never retracted) equal it for their one lifecycle. The P and the plain D are the deterministic stack's pair
+(conftest.py: the same flags) and answer first; then the speculative D starts beside them, behind a router of
+its own with the same P, and is stopped when its requests are answered.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.model.loading import model_from_checkpoint
 
 from .helpers import serving
-from .sglang_servers import (RETRACT_ENV, RETRACTED, forward_log, greedy, greedy_together, metric_sum, patient_router,
-                             prompt_of, reference_lifecycle, settle, sglang_server, sglang_workspace)
+from .sglang_servers import (DETERMINISTIC, RETRACT_ENV, RETRACTED, forward_log, greedy, greedy_together, metric_sum,
+                             patient_router, prompt_of, reference_lifecycle, restore, settle, sglang_server,
+                             sglang_workspace)
 
 pytestmark = pytest.mark.timeout(1800)
 
-FLAG = "--enable-deterministic-inference"
 NEW_TOKENS = 12
 LENGTHS = (1, 127, 129, 600)
 TOGETHER = (5, 131, 200, 300)  # lengths none of LENGTHS has: D's log tells the requests apart by N
@@ -35,10 +36,9 @@ DRAFTS = 5  # the checkpoint's dspark_block_size
 PREFILL_CHUNK = 8192  # every prefix of these prompts runs in one forward on P
 
 
-def _outputs(prefill, decode) -> dict:
-    with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
-        alone = {n: greedy(router.url, prompt_of(n), NEW_TOKENS, ignore_eos=True) for n in LENGTHS}
-        together = greedy_together(router.url, [prompt_of(n) for n in TOGETHER], NEW_TOKENS)
+def _outputs(router_url: str, prefill, decode) -> dict:
+    alone = {n: greedy(router_url, prompt_of(n), NEW_TOKENS, ignore_eos=True) for n in LENGTHS}
+    together = greedy_together(router_url, [prompt_of(n) for n in TOGETHER], NEW_TOKENS)
     return {"alone": alone, "together": together, "retracted": metric_sum(decode, RETRACTED) or 0.0,
             "used_tokens": settle([prefill, decode])}
 
@@ -63,19 +63,24 @@ def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(sglang_checkpoint, tmp_path_factory):
-    checkpoint = sglang_checkpoint
+def runs(sglang_checkpoint, deterministic_stack, tmp_path_factory):
+    checkpoint, stack = sglang_checkpoint, deterministic_stack
     work, logs = sglang_workspace(tmp_path_factory, "sglang_asym_dspark")
     decode_log = work / "decode.jsonl"
-    prefill = {"prefill": sglang_server("asym-prefill", checkpoint, logs, FLAG)}
-    with serving(prefill, timeout_s=600):
-        with serving({"decode": sglang_server("asym-decode", checkpoint, logs, FLAG)}, timeout_s=600) as plain:
-            without = _outputs(prefill["prefill"], plain["decode"])
-        speculating = {"decode": sglang_server("asym-decode", checkpoint, logs, FLAG, "--speculative-algorithm", "DSPARK",
-                                               env={"SGLANG_ASYM_FORWARD_LOG": str(decode_log), **RETRACT_ENV})}
-        with serving(speculating, timeout_s=600):
-            with_dspark = _outputs(prefill["prefill"], speculating["decode"])
+    without = _outputs(stack["router"].url, stack["prefill"], stack["decode"])
+    speculating = {"decode": sglang_server("asym-decode", checkpoint, logs, DETERMINISTIC, "--speculative-algorithm",
+                                           "DSPARK", env={"SGLANG_ASYM_FORWARD_LOG": str(decode_log), **RETRACT_ENV})}
+    with serving(speculating, timeout_s=600):
+        with patient_router(stack["prefill"], speculating["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            with_dspark = _outputs(router.url, stack["prefill"], speculating["decode"])
     return {"without": without, "with": with_dspark, "forwards": forward_log(decode_log), "checkpoint": checkpoint}
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(runs, deterministic_stack):
+    """After each case: the shared servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(deterministic_stack)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

@@ -7,7 +7,7 @@ SGLang's forwards with the others. That the outputs can differ without the flag 
 (test/sglang_plugin/test_reference_forward_deterministic.py: batched logits differ in their last bits).
 12 concurrent mixed requests through the pair (generate, completions and chat; streamed and not; windows
 among them) all complete and each equals the same request sent alone.
-One module-scoped stack: a colocated server and one pair, all with the flag.
+One stack: a colocated server and one pair, all with the flag, shared with the DSpark modules (conftest.py).
 """
 
 from __future__ import annotations
@@ -17,40 +17,27 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.testing.router_launch import RouterFlavor
-
-from .helpers import MODEL, output, serving
-from .sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of, restore, server_info,
-                             sglang_server, sglang_workspace)
+from .helpers import MODEL, output
+from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, restore, server_info
 
 pytestmark = pytest.mark.timeout(1200)
 
-FLAG = "--enable-deterministic-inference"
 NEW_TOKENS = 3
 TARGET = 140  # a window: B = 12, rows [12, 140) in the 32-row pieces from B
 OTHERS = (130, 3, 9, 1, 17, 5, 40)  # a batch of k is the target and the first k - 1 of these (130: a window)
 BATCHES = (2, 8)
 
 
-@pytest.fixture(scope="module")
-def stack(sglang_checkpoint, tmp_path_factory):
-    checkpoint = sglang_checkpoint
-    work, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
-
-    def started(mode: str, role: str):
-        return sglang_server(mode, checkpoint, logs, FLAG, env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})
-
-    servers = {"colocated": started("null", "colocated"), "prefill": started("asym-prefill", "prefill"),
-               "decode": started("asym-decode", "decode")}
-    with serving(servers, timeout_s=600):
-        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-            servers.update(work=work, router=router)
-            yield servers
+@pytest.fixture
+def stack(deterministic_stack):
+    """The colocated server and the pair behind its router, all with the flag (conftest.py: shared with the
+    DSpark modules, which compare against the same configuration)."""
+    return deterministic_stack
 
 
 @pytest.fixture(autouse=True)
 def _shared_servers_back_to_empty(stack):
-    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+    """After each case: the shared servers healthy with empty pools, or restarted and the case failed."""
     yield
     restore(stack)
 

@@ -7,7 +7,8 @@ With --enable-deterministic-inference (the reference forward runs verify rows as
 greedy tokens equal the same server's without speculation, for N in {1, 127, 129, 600}, one request at a time
 and 4 concurrent requests. Without the flag a forward of 6 rows rounds otherwise than 6 one-row forwards in
 the bf16 model, so tokens may differ after a few steps (shown without servers: test_dspark_step.py, and
-docs/sglang-engine-cpu.md). A sampled request gets a 400. One colocated pair of servers, both stopped at the end.
+docs/sglang-engine-cpu.md). A sampled request gets a 400. The server without speculation is the colocated one
+of the deterministic stack (conftest.py: the same flags); the speculative one is this module's.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import pytest
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, restore, sglang_server, sglang_workspace
+from .sglang_servers import (DETERMINISTIC, forward_log, greedy, greedy_together, prompt_of, restore, sglang_server,
+                             sglang_workspace)
 
 pytestmark = pytest.mark.timeout(1500)
 
-FLAG = "--enable-deterministic-inference"
 NEW_TOKENS = 12
 LENGTHS = (1, 127, 129, 600)
 TOGETHER = (5, 64, 129, 200)
@@ -29,24 +30,26 @@ DRAFTS = 5  # the checkpoint's dspark_block_size: SGLang's speculative_num_draft
 
 
 @pytest.fixture(scope="module")
-def stack(sglang_checkpoint, tmp_path_factory):
-    checkpoint = sglang_checkpoint
+def speculating(sglang_checkpoint, tmp_path_factory):
     work, logs = sglang_workspace(tmp_path_factory, "sglang_dspark")
-    servers = {
-        "dspark": sglang_server("null", checkpoint, logs, FLAG, "--speculative-algorithm", "DSPARK",
-                                env={"SGLANG_ASYM_FORWARD_LOG": str(work / "dspark.jsonl")}),
-        "plain": sglang_server("null", checkpoint, logs, FLAG),
-    }
+    servers = {"dspark": sglang_server("null", sglang_checkpoint, logs, DETERMINISTIC, "--speculative-algorithm",
+                                       "DSPARK", env={"SGLANG_ASYM_FORWARD_LOG": str(work / "dspark.jsonl")})}
     with serving(servers, timeout_s=600):
         servers["work"] = work
         yield servers
 
 
+@pytest.fixture
+def stack(speculating, deterministic_stack):
+    """The speculative server ("dspark") and the same server without speculation ("plain")."""
+    return {**speculating, "plain": deterministic_stack["colocated"]}
+
+
 @pytest.fixture(autouse=True)
-def _shared_servers_back_to_empty(stack):
-    """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
+def _shared_servers_back_to_empty(speculating, deterministic_stack):
+    """After each case: the servers healthy with empty pools, or restarted and the case failed."""
     yield
-    restore(stack)
+    restore(speculating, deterministic_stack)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

@@ -34,7 +34,7 @@ from sglang_asym.split import SplitPlan
 
 from . import faults
 from .faults import abort, first_event, health_generate, open_stream, read_stream, send_stream
-from .helpers import serving
+from .helpers import serving, stop_all
 from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server
 
 pytestmark = pytest.mark.timeout(600)
@@ -108,8 +108,7 @@ def engine(sglang_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
         try:
             yield pair
         finally:
-            for server in (pair.prefill, pair.decode):  # the restarted ones (serving() stops the first two)
-                server.stop()
+            stop_all([pair.prefill, pair.decode])  # the restarted ones (serving() stops the first two)
 
 
 @pytest.fixture(autouse=True)
@@ -120,8 +119,7 @@ def _pair_back_after_each_case(engine):
     problems = broken({"prefill": engine.prefill, "decode": engine.decode})
     if not problems:
         return
-    for role in ("prefill", "decode"):
-        getattr(engine, role).stop()
+    stop_all([engine.prefill, engine.decode])
     for role in ("prefill", "decode"):
         engine.restart(role)
     warm_gauges(engine)

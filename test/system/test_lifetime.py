@@ -18,8 +18,6 @@ import pytest
 
 from sglang_asym.testing.lifetime import die_with_parent_preexec, parent_death_signal, supported
 
-from .sglang_servers import write_sglang_checkpoint
-
 ROOT = Path(__file__).resolve().parents[2]
 GONE_BOUND_S = 5.0  # SIGKILL of the starter -> every process it started is gone and its ports are closed
 
@@ -80,9 +78,9 @@ def test_preexec_hook_sets_sigkill_in_the_child():
     assert parent_death_signal() == 0  # the hook ran in the child only
 
 
-def test_sigkilled_starter_takes_servers_and_router_with_it(tmp_path):
+def test_sigkilled_starter_takes_servers_and_router_with_it(tmp_path, sglang_checkpoint):
     tracked: dict[int, str] = {}
-    checkpoint = write_sglang_checkpoint(tmp_path / "ckpt")
+    checkpoint = sglang_checkpoint
     driver = subprocess.Popen([sys.executable, str(ROOT / "test" / "system" / "lifetime_driver.py"),
                                str(checkpoint), str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               stderr=(tmp_path / "driver.log").open("w"), preexec_fn=die_with_parent_preexec())
