@@ -11,7 +11,14 @@
                                     applies the scheduler hooks below (in that process only: their
                                     modules do not import on a CPU-only launcher); in the launcher
                                     process of an asymmetric server, the drain refusal (drain.py:
-                                    TokenizerManager.generate_request AROUND, 503 after SIGTERM)
+                                    TokenizerManager.generate_request AROUND, 503 after SIGTERM) and
+                                    admission control with request deadlines (admission.py:
+                                    TokenizerManager.__init__ AFTER, .generate_request AROUND,
+                                    CommonKVBootstrapServer._setup_routes AFTER, http_server.
+                                    _create_error_response AFTER for Retry-After)
+  ServerArgs.from_cli_args also sets, for an asym server, the environment defaults its processes
+                                    inherit: the PD waits bounded by --asym-request-deadline-s
+                                    (admission.py) and /health as liveness (liveness.py)
 Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_canaries.py):
   model_loader.loader._initialize_model
                             AROUND  asym-prefill: builds SGLang's V4.1 model truncated to the prefill
@@ -70,11 +77,12 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import (asym_decode, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
+from . import (admission, asym_decode, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
                transfer_fallback)
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration, no_symmetric_dspark_layout
 from .cli import extend_parser, translate
+from .liveness import liveness_health_default
 from .prefill_cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
 from .prefill_cut_hook import install_prefill_cut
 from .prefill_model import install_prefill_loading, truncated_construction
@@ -129,6 +137,8 @@ def around_from_cli_args(original: Callable, cls: type, args: Any) -> Any:
     server_args = original(cls, args)
     if settings is not None:
         attach(server_args, settings)
+        admission.environment_defaults(settings.request_deadline_s)
+        liveness_health_default()
     return server_args
 
 
@@ -172,6 +182,7 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
         from .drain import install_drain_refusal
 
+        admission.register_admission()  # applied with the drain refusal's hooks (one generate_request chain)
         install_drain_refusal()
     if role != SCHEDULER_ROLE:
         return
