@@ -84,7 +84,7 @@ def deadline_flag():
     for name in (*admission.DEADLINE_ENVS, liveness.HEALTH_GENERATION_ENV):
         os.environ.pop(name, None)
     ckpt = tempfile.mkdtemp()
-    V41Config.tiny().write_json(ckpt)
+    V41Config.sglang_small().write_json(ckpt)
     args = prepare_server_args(["--model-path", ckpt, "--disaggregation-mode", "asym-decode", "--device", "cpu",
                                 "--asym-request-deadline-s", "30.5", "--skip-server-warmup"])
     assert isinstance(args, ServerArgs) and settings_of(args).request_deadline_s == 30.5

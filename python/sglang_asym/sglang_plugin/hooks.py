@@ -15,7 +15,9 @@
                                     admission control with request deadlines (admission.py:
                                     TokenizerManager.__init__ AFTER, .generate_request AROUND,
                                     CommonKVBootstrapServer._setup_routes AFTER, http_server.
-                                    _create_error_response AFTER for Retry-After)
+                                    _create_error_response AFTER for Retry-After); and
+                                    the refusals both roles make alike before any bootstrap
+                                    (admission_check.py: TokenizerManager._init_req_state AROUND)
   ServerArgs.from_cli_args also sets, for an asym server, the environment defaults its processes
                                     inherit: the PD waits bounded by --asym-request-deadline-s
                                     (admission.py) and /health as liveness (liveness.py)
@@ -77,8 +79,8 @@ import sys
 from typing import Any, Callable
 
 from ..config import V41Config
-from . import (admission, asym_decode, cpu_import_gaps, exact_payload, mooncake_regions, prefill_stop, prefill_zero,
-               transfer_fallback)
+from . import (admission, asym_decode, cpu_import_gaps, exact_payload, mooncake_regions, prefill_refusal,
+               prefill_stop, prefill_zero, transfer_fallback)
 from .cpu_engine_mode import CHILD_FLAG, cpu_engine_selected
 from .asym_registration import apply_asym_registration, no_symmetric_dspark_layout
 from .cli import extend_parser, translate
@@ -180,10 +182,12 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
 
         refuse_unhandled_cuda_settings(server_args, settings_of(server_args))  # the resolved record, CUDA only
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
+        from .admission_check import install_admission_check
         from .drain import install_drain_refusal
 
         admission.register_admission()  # applied with the drain refusal's hooks (one generate_request chain)
         install_drain_refusal()
+        install_admission_check()
     if role != SCHEDULER_ROLE:
         return
     asymmetric = settings_of(server_args) is not None
@@ -222,8 +226,13 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     from sglang.srt.runtime_context import get_server_args
 
     settings = settings_of(get_server_args())
-    # unadmitted rejects carry a one-token stub SGLang retires; a re-queued request keeps its cut
-    if settings is None or not settings.is_prefill or is_unadmitted_reject(req) or prompt_len_of(req) is not None:
+    if settings is not None and settings.is_prefill and is_unadmitted_reject(req):
+        # SGLang's intake refused it (it retires the one-token stub): D admitted it too and must hear so
+        reason = req.finished_reason or req.to_finish
+        prefill_refusal.relay_refusal(queue.kv_manager, req.bootstrap_room, getattr(reason, "message", str(reason)))
+        return original(queue, req, *args, **kwargs)
+    # a re-queued request keeps its cut
+    if settings is None or not settings.is_prefill or prompt_len_of(req) is not None:
         return original(queue, req, *args, **kwargs)
     refusal = None
     try:
@@ -246,6 +255,7 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     # as SGLang's own capacity refusal in this queue: nothing is held yet, the client gets the error
     status, message = refusal
     log.error("request %s refused: %s", req.rid, message)
+    prefill_refusal.relay_refusal(queue.kv_manager, req.bootstrap_room, message)
     prepare_abort(req, message, status_code=status)
     queue.scheduler.output_streamer.stream_output([req], req.return_logprob)
     return None
