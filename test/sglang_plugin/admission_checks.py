@@ -56,9 +56,66 @@ def prefill_refuses_beyond_its_limit():
         except Overloaded as refused:
             assert refused.status_code == 503 and refused.retry_after_s == 5
         assert await one(1) == [{"text": "ok"}]  # room 1 was admitted before its copy arrived
-        assert gate.rooms.holding() == 0 and not gate.rooms.decide(1)  # ended rooms stay closed
+        assert gate.rooms.holding() == 0
+        assert await one(1) == [{"text": "ok"}]  # a rebootstrap of the ended room is decided anew
+        assert not gate.rooms.decide(2)  # a refused room stays refused
 
     asyncio.run(drive())
+
+
+def unreachable_prefill_refuses_unless_decode_recomputes():
+    """D asks P's bootstrap server, where nothing listens: a 503 at once, or the request admitted when D
+    computes what P cannot send (--asym-transfer-fallback recompute)."""
+    import socket
+
+    from sglang_asym.sglang_plugin.admission import PeerUnreachable
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+
+    async def original(_manager, _obj, *args):
+        yield {"text": "ok"}
+
+    async def one(recomputes):
+        manager = RecordingManager()
+        gate = AdmissionGate.for_manager(manager, AdmissionLimits(2, 0, 30), is_prefill=False, recomputes=recomputes)
+        setattr(manager, admission.GATE_ATTR, gate)
+        obj = types.SimpleNamespace(rid="r", bootstrap_room=9, bootstrap_host="127.0.0.1", bootstrap_port=free_port)
+        try:
+            return [item async for item in admission.around_generate_request(original, manager, obj)]
+        except PeerUnreachable as refused:
+            assert refused.status_code == 503
+            return None
+        finally:
+            assert gate.rooms.holding() == 0
+
+    assert asyncio.run(one(recomputes=True)) == [{"text": "ok"}]
+    assert asyncio.run(one(recomputes=False)) is None
+
+
+def limits_from_the_published_pool():
+    """D's limit counts the extra pool slots SGLang resolves for requests in transfer (published in the
+    launcher before the tokenizer manager starts, not on the ServerArgs record)."""
+    import tempfile
+
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_asym.config import V41Config
+
+    ckpt = tempfile.mkdtemp()
+    V41Config.sglang_small().write_json(ckpt)
+    for mode, extra, expected in (("asym-decode", 4, (6, 8)), ("asym-prefill", 0, (2, 4))):
+        args = prepare_server_args(["--model-path", ckpt, "--disaggregation-mode", mode, "--device", "cpu",
+                                    "--max-running-requests", "2", "--max-queued-requests", "2",
+                                    "--skip-server-warmup"])
+        assert AdmissionLimits.of(admission.resolved_pool_args(args), 30).limit == 4  # not published yet
+        publish(args, role="tokenizer")
+        pool = admission.resolved_pool_args(args)
+        assert pool.disaggregation_decode_extra_slots == extra, (mode, pool)
+        limits = AdmissionLimits.of(pool, 30)
+        assert (limits.capacity, limits.limit) == expected, (mode, limits)
 
 
 def retry_after_header():
@@ -134,7 +191,8 @@ def canaries():
 if __name__ == "__main__":
     load_plugins()
     passed = []
-    for check in (prefill_refuses_beyond_its_limit, retry_after_header, deadline_flag, canaries):
+    for check in (prefill_refuses_beyond_its_limit, unreachable_prefill_refuses_unless_decode_recomputes,
+                  retry_after_header, deadline_flag, canaries, limits_from_the_published_pool):
         check()
         passed.append(check.__name__)
     print("REPORT " + " ".join(passed))

@@ -24,6 +24,17 @@ def test_room_table_decides_each_room_once_up_to_its_limit():
     assert table.decide(5, now=20)  # every entry expired after ttl_s
 
 
+def test_a_room_that_ended_normally_is_decided_anew():
+    """D's retraction sends P the same room again (a rebootstrap): P's answer is taken again, not recalled."""
+    table = RoomTable(limit=1, ttl_s=10)
+    assert table.decide(1, now=0) and not table.decide(2, now=0)
+    table.release(1)
+    assert table.held == {}
+    assert table.decide(1, now=1) and not table.decide(3, now=1)  # the rebootstrap holds the slot again
+    table.release(1)
+    assert not table.decide(2, now=2)  # a refusal still stands
+
+
 def test_limits_follow_the_pool_capacity_and_max_queued_requests():
     args = types.SimpleNamespace(max_running_requests=8, max_queued_requests=None)
     assert AdmissionLimits.of(args, 120).limit == 16
@@ -32,6 +43,12 @@ def test_limits_follow_the_pool_capacity_and_max_queued_requests():
     assert (limits.capacity, limits.queued, limits.limit, limits.retry_after_s) == (8, 3, 11, 3)
     assert AdmissionLimits.of(types.SimpleNamespace(max_running_requests=None, max_queued_requests=0), 60).limit \
         == admission.FALLBACK_CAPACITY
+    # D's pool also holds SGLang's extra slots for requests in transfer: the queue bound starts above them
+    decode = types.SimpleNamespace(max_running_requests=2, max_queued_requests=None,
+                                   disaggregation_decode_extra_slots=4)
+    assert (AdmissionLimits.of(decode, 60).capacity, AdmissionLimits.of(decode, 60).limit) == (6, 12)
+    decode.max_queued_requests = 2
+    assert AdmissionLimits.of(decode, 60).limit == 8
     with pytest.raises(ValueError):
         AdmissionLimits(0, 1, 10)
 
@@ -87,4 +104,5 @@ def test_sglang_side_checks_in_a_fresh_process():
     assert done.stdout.strip().splitlines()[-1] == "REPORT " + " ".join(CHECKS), done.stdout[-2000:]
 
 
-CHECKS = ("prefill_refuses_beyond_its_limit", "retry_after_header", "deadline_flag", "canaries")
+CHECKS = ("prefill_refuses_beyond_its_limit", "unreachable_prefill_refuses_unless_decode_recomputes",
+          "retry_after_header", "deadline_flag", "canaries", "limits_from_the_published_pool")

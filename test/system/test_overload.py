@@ -1,7 +1,8 @@
 """Overload on the product path: `python -m sglang.launch_server --device cpu --disaggregation-mode
 asym-prefill | asym-decode` behind sglang-router (default health checks, no circuit breaker), each worker admitting at most
---max-running-requests 2 + --max-queued-requests 2 requests for at most --asym-request-deadline-s
-(sglang_plugin/admission.py), /health answering liveness (sglang_plugin/liveness.py). One module-scoped set:
+its request pool (--max-running-requests 2; on D also SGLang's 4 extra slots for requests in transfer) +
+--max-queued-requests 2 requests for at most --asym-request-deadline-s (sglang_plugin/admission.py), /health
+answering liveness (sglang_plugin/liveness.py). One module-scoped set:
 - 40 concurrent mixed requests (prompts of 1-900 tokens, 4 new tokens each): each one gets its 4 tokens,
   a fast refusal (503; the router keeps the status but not the worker's Retry-After), or a deadline error
   within its bound; none hangs;
@@ -31,7 +32,7 @@ from .sglang_servers import settle, sglang_server, sglang_workspace, used_tokens
 pytestmark = pytest.mark.timeout(600)
 
 NEW_TOKENS = 4
-CAPACITY, QUEUED = 2, 2  # per worker: the pair holds at most 4 requests
+CAPACITY, QUEUED = 2, 2  # P holds at most 4 requests (D 8): the pair holds at most 4
 DEADLINE_S = 40
 REFUSAL_BOUND_S = 5.0  # a refusal is answered within this, however loaded the pair is
 ANSWER_BOUND_S = DEADLINE_S + 20  # the deadline, the abort's grace and the router's own overhead
@@ -133,8 +134,9 @@ class HealthProbe:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    _, checkpoint, logs = sglang_workspace(tmp_path_factory, "overload")
+def pair(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    _, logs = sglang_workspace(tmp_path_factory, "overload")
     servers = {"prefill": sglang_server("asym-prefill", checkpoint, logs, *FLAGS),
                "decode": sglang_server("asym-decode", checkpoint, logs, *FLAGS)}
     with serving(servers, timeout_s=600):

@@ -34,8 +34,9 @@ def text_of(words: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    _, checkpoint, logs = sglang_workspace(tmp_path_factory, "real_clients")
+def pair(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    _, logs = sglang_workspace(tmp_path_factory, "real_clients")
     flags = ("--asym-window", str(WINDOW))
     servers = {
         "prefill": sglang_server("asym-prefill", checkpoint, logs, *flags, "--max-total-tokens", str(P_POOL_TOKENS)),

@@ -5,16 +5,21 @@ bootstrap and transfer timeouts (300 s each), so under overload requests queue w
 clients wait minutes for nothing. Hooked on the tokenizer manager of an asym-prefill / asym-decode
 server (TokenizerManager.generate_request AROUND):
 
-  bound      a server holds at most `limit` requests, its running capacity (--max-running-requests,
-             the request pool) plus --max-queued-requests (default: the capacity again). A request
-             beyond it is refused at once with 503 and a Retry-After header (an SSE error event with
-             code 503 on a stream, whose status line was already sent).
+  bound      a server holds at most `limit` requests: its request pool's capacity (--max-running-requests,
+             plus on D the slots SGLang's pool reserves for requests in transfer,
+             --disaggregation-decode-extra-slots) plus --max-queued-requests (default: the capacity
+             again) waiting beyond the pool. A request beyond it is refused at once with 503 and a
+             Retry-After header (an SSE error event with code 503 on a stream, whose status line was
+             already sent).
   both sides the router sends a request to P (which it does not wait for) and to D at once, so one
              side's refusal must end the other side's copy: D decides for the pair. D checks its own
              bound, then asks P's bootstrap server (same launcher process as P's tokenizer manager,
              route ADMISSION_PATH) whether P admits the room; P decides a room once, whichever comes
              first of D's question and P's own copy of the request, so both sides agree. A room D
              refuses, or that D ends early, is closed on P: P's copy is refused on arrival or aborted.
+             A room whose request ends normally is forgotten: D's retraction sends P the same room
+             again (a rebootstrap), decided anew. A P that does not answer refuses the room, unless
+             D recomputes what P cannot send (--asym-transfer-fallback recompute).
   deadline   every admitted request ends within --asym-request-deadline-s on each side: past it, the
              request is aborted in its scheduler (which frees its pool slots and tells the peer) and
              the client gets a 503 that says so. The scheduler's own PD waits (P's bootstrap wait,
@@ -94,9 +99,32 @@ class AdmissionLimits:
 
     @classmethod
     def of(cls, server_args: Any, deadline_s: float) -> "AdmissionLimits":
-        capacity = server_args.max_running_requests or FALLBACK_CAPACITY
+        """From SGLang's (resolved) arguments: the request pool's slots are the running ones plus, on D,
+        the extra slots for requests in transfer."""
+        running = server_args.max_running_requests or FALLBACK_CAPACITY
+        capacity = running + (getattr(server_args, "disaggregation_decode_extra_slots", None) or 0)
         queued = server_args.max_queued_requests
         return cls(capacity, capacity if queued is None else queued, deadline_s)
+
+
+def resolved_pool_args(server_args: Any) -> Any:
+    """The pool arguments as SGLang resolved and published them in this process (the launcher publishes
+    before it creates the tokenizer manager): a default --max-running-requests and D's extra slots exist
+    only there, not on the ServerArgs record."""
+    from types import SimpleNamespace
+
+    from sglang.srt.runtime_context import get_disagg, get_schedule, get_server_args
+
+    try:
+        if get_server_args() is not server_args:
+            return server_args
+        schedule, disagg = get_schedule(), get_disagg()
+        extra = disagg.disaggregation_decode_extra_slots if disagg.disaggregation_mode == "decode" else 0
+        return SimpleNamespace(max_running_requests=schedule.max_running_requests,
+                               max_queued_requests=schedule.max_queued_requests,
+                               disaggregation_decode_extra_slots=extra)
+    except ValueError:  # nothing published in this process
+        return server_args
 
 
 def environment_defaults(deadline_s: float) -> None:
@@ -137,6 +165,12 @@ class RoomTable:
             self.closed[room] = now + self.ttl_s
             return False
 
+    def release(self, room: int) -> None:
+        """Forgets `room`, whose request ended normally: the same room again (a rebootstrap after D's
+        retraction) is decided anew."""
+        with self.lock:
+            self.held.pop(room, None)
+
     def close(self, room: int, now: float | None = None) -> bool:
         """Ends `room` (refused, ended early or finished); True if it was held."""
         now = time.monotonic() if now is None else now
@@ -159,10 +193,13 @@ class AdmissionGate:
     manager: Any
     rooms: RoomTable
     loop: asyncio.AbstractEventLoop | None = None
+    recomputes: bool = False  # D computes a prefix P cannot send (--asym-transfer-fallback recompute)
 
     @classmethod
-    def for_manager(cls, manager: Any, limits: AdmissionLimits, is_prefill: bool) -> "AdmissionGate":
-        return cls(limits, is_prefill, manager, RoomTable(limits.limit, limits.deadline_s + ABORT_GRACE_S))
+    def for_manager(cls, manager: Any, limits: AdmissionLimits, is_prefill: bool,
+                    recomputes: bool = False) -> "AdmissionGate":
+        return cls(limits, is_prefill, manager, RoomTable(limits.limit, limits.deadline_s + ABORT_GRACE_S),
+                   recomputes=recomputes)
 
     def abort_room(self, room: int) -> None:
         """Aborts this server's copy of `room` if it is in flight (runs on the manager's event loop)."""
@@ -274,19 +311,25 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
     try:
         if not gate.is_prefill:
             admitted = await ask_prefill(obj, "admit")
-            if admitted is None:
+            if admitted is None and gate.recomputes:
+                log.warning("room %s: the prefill worker did not answer the admission question; admitted "
+                            "for the recompute fallback", room)
+            elif admitted is None:
                 raise PeerUnreachable("sglang-asym: the prefill worker did not answer the admission question",
                                       limits.retry_after_s)
-            if not admitted:
+            elif not admitted:
                 raise Overloaded("sglang-asym: the prefill worker holds its limit of requests; retry later",
                                  limits.retry_after_s)
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
             yield item
         ended = True
     finally:
-        gate.rooms.close(room)
-        if not ended and not gate.is_prefill:
-            close_on_prefill(obj)  # D refused or ended the room early: P's copy must not wait for it
+        if ended:
+            gate.rooms.release(room)
+        else:
+            gate.rooms.close(room)
+            if not gate.is_prefill:
+                close_on_prefill(obj)  # D refused or ended the room early: P's copy must not wait for it
 
 
 def after_create_error_response(response: Any, exc: Any) -> Any:
@@ -319,8 +362,12 @@ def after_manager_init(result: Any, manager: Any, server_args: Any, *args: Any, 
     settings = settings_of(server_args)
     if settings is None:
         return
-    gate = AdmissionGate.for_manager(manager, AdmissionLimits.of(server_args, settings.request_deadline_s),
-                                     settings.is_prefill)
+    limits = AdmissionLimits.of(resolved_pool_args(server_args), settings.request_deadline_s)
+    gate = AdmissionGate.for_manager(manager, limits, settings.is_prefill,
+                                     recomputes=settings.transfer_fallback == "recompute")
+    log.info("admission: this %s worker holds at most %d requests (%d in its pool, %d queued), each for at "
+             "most %g s", "prefill" if settings.is_prefill else "decode", limits.limit, limits.capacity,
+             limits.queued, limits.deadline_s)
     setattr(manager, GATE_ATTR, gate)
     bootstrap = getattr(manager, "bootstrap_server", None)
     if settings.is_prefill and bootstrap is not None:
