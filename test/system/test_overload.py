@@ -27,7 +27,7 @@ import pytest
 from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, pick_free_port
 
 from .helpers import ids, serving
-from .sglang_servers import settle, sglang_server, sglang_workspace, used_tokens
+from .sglang_servers import greedy, prompt_of, settle, sglang_server, sglang_workspace, used_tokens
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -149,6 +149,8 @@ def pair(sglang_checkpoint, tmp_path_factory):
             retry_max_retries=1, extra_args=("--disable-circuit-breaker",)), log_path=logs / "router.log")
         router.start(ready_timeout_s=180)
         try:
+            # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
+            greedy(router.url, prompt_of(150), new_tokens=48, ignore_eos=True)
             yield {**servers, "router": router, "logs": logs}
         finally:
             router.stop()

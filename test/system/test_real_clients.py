@@ -44,6 +44,8 @@ def pair(sglang_checkpoint, tmp_path_factory):
     }
     with serving(servers, timeout_s=600):
         with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
+            greedy(router.url, prompt_of(150), new_tokens=48, ignore_eos=True)
             yield {**servers, "router": router}
 
 
