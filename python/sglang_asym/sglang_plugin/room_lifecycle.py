@@ -31,6 +31,8 @@ before the client hears anything. P now tells that D at once that the room faile
                               handshook already, is told Failed at once (SGLang tells D nothing, and D
                               holds the room's slots for its whole waiting timeout); once rows may be
                               in flight D is left to SGLang (a write could still land in its pages)
+  manager  update_status      D's handshake that comes after such an abort, before P's scheduler clears
+                              the aborted sender (whose clear would drop it), is answered with Failed
   manager  send_kv_status_message
                               a Failed status for a room aborted on P carries PREFILL_ABORT_WORDS, which
                               D's recompute fallback (transfer_fallback.py) reads as "do not recompute"
@@ -90,7 +92,16 @@ class RoomLifecycleManager:
                 and bootstrap_room not in self._live_senders):
             self._refuse_late_handshake(bootstrap_room)
             return
+        if status == KVPoll.WaitingForInput and self._aborted_before_handshake(bootstrap_room):
+            self._refuse_late_handshake(bootstrap_room)
+            return
         super().update_status(bootstrap_room, status)
+
+    def _aborted_before_handshake(self, room: int) -> bool:
+        """D's handshake came after P aborted the room (no rows queued) but before P's scheduler cleared its
+        sender: the sender's abort had no D to tell, and its clear would drop the handshake unanswered."""
+        sender = self._live_senders.get(room)
+        return room in self._aborted_rooms and sender is not None and not sender._rows_queued
 
     def abandon_room(self, room: int, reason: str | None = None) -> None:
         now = time.monotonic()

@@ -1,0 +1,71 @@
+"""room_lifecycle.py's answers to D's handshake on P, on a recording stand-in for SGLang's manager: a handshake
+that comes after P aborted the room, before or after P's scheduler cleared the aborted sender, is answered
+with Failed at once (words that say the abort); one for a live room is SGLang's."""
+
+from __future__ import annotations
+
+import types
+
+from sglang.srt.disaggregation.base.conn import KVPoll
+
+from sglang_asym.sglang_plugin.room_lifecycle import RoomLifecycleManager
+from sglang_asym.sglang_plugin.transfer_fallback import PREFILL_ABORT_WORDS
+
+ROOM = 41
+D = ("127.0.0.1", 9000)
+
+
+class RecordingManager:
+    """Just the tables and calls of SGLang's CommonKVManager that the mixin uses."""
+
+    def __init__(self) -> None:
+        self.transfer_infos: dict = {}
+        self.req_to_decode_prefix_len: dict = {}
+        self.statuses: list = []
+        self.sent: list = []
+
+    def update_status(self, room, status):
+        self.statuses.append((room, status))
+
+    def send_kv_status_message(self, targets, bootstrap_room, status, failure_reason=None):
+        self.sent.append((targets, bootstrap_room, status, failure_reason))
+
+
+class Manager(RoomLifecycleManager, RecordingManager):
+    pass
+
+
+def handshake(manager: Manager) -> None:
+    """What SGLang's bootstrap thread does with D's handshake: the room's table, then WaitingForInput."""
+    manager.transfer_infos[ROOM] = {"s": types.SimpleNamespace(endpoint=D[0], dst_port=D[1], is_dummy=False)}
+    manager.update_status(ROOM, KVPoll.WaitingForInput)
+
+
+def test_a_handshake_after_an_abort_on_p_before_its_sender_is_cleared_is_answered_failed():
+    manager = Manager()
+    manager._live_senders[ROOM] = types.SimpleNamespace(_rows_queued=False)
+    manager.note_aborted(ROOM)
+    handshake(manager)
+    assert manager.statuses == [] and ROOM not in manager.transfer_infos
+    [(targets, room, status, reason)] = manager.sent
+    assert (targets, room, status) == ([D], ROOM, KVPoll.Failed) and PREFILL_ABORT_WORDS in reason
+
+
+def test_a_handshake_for_a_live_room_or_one_with_rows_queued_is_sglangs():
+    manager = Manager()
+    manager._live_senders[ROOM] = types.SimpleNamespace(_rows_queued=False)
+    handshake(manager)  # not aborted
+    manager.note_aborted(ROOM + 1)
+    manager._live_senders[ROOM + 1] = types.SimpleNamespace(_rows_queued=True)
+    manager.transfer_infos[ROOM + 1] = {}
+    manager.update_status(ROOM + 1, KVPoll.WaitingForInput)  # rows may be in flight: SGLang's path
+    assert manager.sent == []
+    assert manager.statuses == [(ROOM, KVPoll.WaitingForInput), (ROOM + 1, KVPoll.WaitingForInput)]
+
+
+def test_a_handshake_after_the_aborted_sender_was_cleared_is_answered_failed():
+    manager = Manager()
+    manager.note_aborted(ROOM)
+    manager.abandon_room(ROOM)  # the sender's clear found no handshake
+    handshake(manager)
+    assert manager.statuses == [] and [s[2] for s in manager.sent] == [KVPoll.Failed]
