@@ -41,7 +41,7 @@ def prefill_refuses_beyond_its_limit():
     setattr(manager, admission.GATE_ATTR, gate)
 
     async def original(_manager, _obj, *args):
-        yield {"text": "ok"}
+        yield {"text": "ok", "meta_info": {"finish_reason": {"type": "length"}}}
 
     async def one(room):
         obj = types.SimpleNamespace(rid=f"r{room}", bootstrap_room=room, bootstrap_host="127.0.0.1",
@@ -55,10 +55,16 @@ def prefill_refuses_beyond_its_limit():
             raise AssertionError("room 2 was admitted beyond the limit")
         except Overloaded as refused:
             assert refused.status_code == 503 and refused.retry_after_s == 5
-        assert await one(1) == [{"text": "ok"}]  # room 1 was admitted before its copy arrived
+        assert len(await one(1)) == 1  # room 1 was admitted before its copy arrived
         assert gate.rooms.holding() == 0
-        assert await one(1) == [{"text": "ok"}]  # a rebootstrap of the ended room is decided anew
+        assert len(await one(1)) == 1  # a rebootstrap of the ended room is decided anew
         assert not gate.rooms.decide(2)  # a refused room stays refused
+        # SGLang's non-streaming handler takes the final item and closes the generator: a normal end too
+        obj = types.SimpleNamespace(rid="r3", bootstrap_room=3, bootstrap_host="127.0.0.1", bootstrap_port=1)
+        gen = admission.around_generate_request(original, manager, obj)
+        assert (await gen.__anext__())["meta_info"]["finish_reason"]["type"] == "length"
+        await gen.aclose()
+        assert gate.rooms.holding() == 0 and gate.rooms.decide(3)
 
     asyncio.run(drive())
 
@@ -75,7 +81,7 @@ def unreachable_prefill_refuses_unless_decode_recomputes():
         free_port = probe.getsockname()[1]
 
     async def original(_manager, _obj, *args):
-        yield {"text": "ok"}
+        yield {"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}
 
     async def one(recomputes):
         manager = RecordingManager()
@@ -90,7 +96,7 @@ def unreachable_prefill_refuses_unless_decode_recomputes():
         finally:
             assert gate.rooms.holding() == 0
 
-    assert asyncio.run(one(recomputes=True)) == [{"text": "ok"}]
+    assert [item["text"] for item in asyncio.run(one(recomputes=True))] == ["ok"]
     assert asyncio.run(one(recomputes=False)) is None
 
 

@@ -53,6 +53,13 @@ def test_limits_follow_the_pool_capacity_and_max_queued_requests():
         AdmissionLimits(0, 1, 10)
 
 
+def test_a_final_item_other_than_an_abort_ends_the_request_normally():
+    assert admission.finished_normally({"meta_info": {"finish_reason": {"type": "length"}}})
+    assert not admission.finished_normally({"meta_info": {"finish_reason": None}})
+    assert not admission.finished_normally({"meta_info": {"finish_reason": {"type": "abort", "message": "x"}}})
+    assert not admission.finished_normally({"text": "partial"})
+
+
 class RecordingManager:
     """Just what the gate touches on SGLang's TokenizerManager: rid_to_state and abort_request."""
 

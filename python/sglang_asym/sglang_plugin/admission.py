@@ -321,8 +321,9 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
                 raise Overloaded("sglang-asym: the prefill worker holds its limit of requests; retry later",
                                  limits.retry_after_s)
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
+            # SGLang's non-streaming handler takes the final item and closes the generator at this yield
+            ended = finished_normally(item)
             yield item
-        ended = True
     finally:
         if ended:
             gate.rooms.release(room)
@@ -330,6 +331,12 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
             gate.rooms.close(room)
             if not gate.is_prefill:
                 close_on_prefill(obj)  # D refused or ended the room early: P's copy must not wait for it
+
+
+def finished_normally(item: Any) -> bool:
+    """An output item of SGLang's generate_request that ends its request, other than by an abort."""
+    reason = (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
+    return reason is not None and not (isinstance(reason, dict) and reason.get("type") == "abort")
 
 
 def after_create_error_response(response: Any, exc: Any) -> Any:
