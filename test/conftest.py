@@ -31,7 +31,7 @@ SERVER_GROUP = "servers"
 PAIR_SERVER_GROUP = "pair-servers"
 # system test modules with at most one P / D pair (two servers) up at a time: they fit beside the others
 PAIR_SERVER_MODULES = frozenset({"test_cpu_sglang_engine_asym.py", "test_faults_sglang_engine.py",
-                                 "test_lifetime.py"})
+                                 "test_lifetime.py", "test_overload.py", "test_real_clients.py"})
 # the modules that share the package-scoped deterministic_stack (system/conftest.py): they run last in their
 # scope, so that the stack, up from their first test to the package's last test on the worker, is not up
 # beside another module's servers

@@ -868,6 +868,12 @@ ASYM_RELIED_ON = {
         "self.truncation_align_size = (", "if not get_exec().deterministic.enable_deterministic_inference:"],
     "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue._init_kv_manager": [
         "setup_state_kv_args(", "kv_manager_class = get_kv_class(self.transfer_backend, KVClassType.MANAGER)"],
+    # admission_check.py: the request is normalized (n as parallel_sample_num) before its state exists
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": [
+        "obj.normalize_batch_and_arguments()", "self._init_req_state(obj, request)"],
+    # prefill/refusal.py: a prompt longer than P's pool is refused at intake and retired at the queue's door
+    "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add": [
+        "if is_unadmitted_reject(req):", "self.scheduler.retire_unadmitted_request(req)"],
 }
 ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
@@ -896,6 +902,7 @@ ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.common.conn.CommonKVManager.send_kv_status_message",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state",
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.poll",

@@ -87,6 +87,8 @@ EXPECTED_SIGNATURES = {
     # drain.py's hook in an asymmetric server's launcher process
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": ["self", "obj", "request"],
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler": ["self"],
+    # admission_check.py's hook in an asymmetric server's launcher process
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state": ["self", "obj", "request"],
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_req": ["self", "recv_obj"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.abort": ["self"],
     "sglang.srt.disaggregation.common.conn.CommonKVManager._room_notify_targets": ["self", "bootstrap_room"],

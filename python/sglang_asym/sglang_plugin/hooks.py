@@ -11,7 +11,16 @@
                                     applies the scheduler hooks below (in that process only: their
                                     modules do not import on a CPU-only launcher); in the launcher
                                     process of an asymmetric server, the drain refusal (shared/drain.py:
-                                    TokenizerManager.generate_request AROUND, 503 after SIGTERM)
+                                    TokenizerManager.generate_request AROUND, 503 after SIGTERM),
+                                    admission control with request deadlines (shared/admission.py:
+                                    TokenizerManager.__init__ AFTER, .generate_request AROUND,
+                                    CommonKVBootstrapServer._setup_routes AFTER, http_server.
+                                    _create_error_response AFTER for Retry-After) and
+                                    the refusals both roles make alike before any bootstrap
+                                    (shared/admission_check.py: TokenizerManager._init_req_state AROUND)
+  ServerArgs.from_cli_args also sets, for an asym server, the environment defaults its processes
+                                    inherit: the PD waits bounded by --asym-request-deadline-s
+                                    (shared/admission.py) and /health as liveness (shared/liveness.py)
 Scheduler hooks (each target and the SGLang code it relies on: test_asym_engine_canaries.py), one table
 per room, installed together by install_scheduler_hooks():
   shared (SCHEDULER_HOOKS below):
@@ -48,8 +57,9 @@ from .cpu_platform.startup import STARTUP_GAPS
 from .decode.hooks import HOOKS as DECODE_HOOKS
 from .prefill import exact_payload
 from .prefill.hooks import HOOKS as PREFILL_HOOKS
-from .shared import mooncake_regions
+from .shared import admission, mooncake_regions
 from .shared.cli import extend_parser, translate
+from .shared.liveness import liveness_health_default
 from .shared.pd_registration import apply_asym_registration, no_symmetric_dspark_layout
 from .shared.servable import check_servable
 from .shared.settings import attach, settings_of
@@ -82,6 +92,8 @@ def around_from_cli_args(original: Callable, cls: type, args: Any) -> Any:
     server_args = original(cls, args)
     if settings is not None:
         attach(server_args, settings)
+        admission.environment_defaults(settings.request_deadline_s)
+        liveness_health_default()
     return server_args
 
 
@@ -101,9 +113,12 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
 
         refuse_unhandled_cuda_settings(server_args, settings_of(server_args))  # the resolved record, CUDA only
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
+        from .shared.admission_check import install_admission_check
         from .shared.drain import install_drain_refusal
 
+        admission.register_admission()  # applied with the drain refusal's hooks (one generate_request chain)
         install_drain_refusal()
+        install_admission_check()
     if role != SCHEDULER_ROLE:
         return
     asymmetric = settings_of(server_args) is not None

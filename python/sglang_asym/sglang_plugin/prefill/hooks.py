@@ -11,7 +11,8 @@
   PrefillBootstrapQueue.add AROUND  cuts each fresh request to its first B = N - W tokens (cut.py) before
                                     SGLang checks capacity, creates the KV sender and queues it, and tells
                                     the KV manager the room's split; N <= W is cut to nothing and marked
-                                    zero-compute; logprobs are refused with a 400
+                                    zero-compute; logprobs are refused with a 400; every refusal
+                                    here, and SGLang's own intake refusals, reach D (refusal.py)
   PrefillBootstrapQueue.can_prefill_before_bootstrap, .pop_bootstrapped,
   SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
                             AROUND  a zero-compute request concludes its room with one empty send and no
@@ -32,6 +33,7 @@ from ...config import V41Config
 from ...split import SplitPlan
 from ..shared.settings import settings_of
 from . import exact_payload, stop, zero
+from . import refusal as refusal_relay
 from .cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
 from .cut_hook import install_prefill_cut
 from .model import install_prefill_loading, truncated_construction
@@ -83,8 +85,13 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     from sglang.srt.runtime_context import get_server_args
 
     settings = settings_of(get_server_args())
-    # unadmitted rejects carry a one-token stub SGLang retires; a re-queued request keeps its cut
-    if settings is None or not settings.is_prefill or is_unadmitted_reject(req) or prompt_len_of(req) is not None:
+    if settings is not None and settings.is_prefill and is_unadmitted_reject(req):
+        # SGLang's intake refused it (it retires the one-token stub): D admitted it too and must hear so
+        reason = req.finished_reason or req.to_finish
+        refusal_relay.relay_refusal(queue.kv_manager, req.bootstrap_room, getattr(reason, "message", str(reason)))
+        return original(queue, req, *args, **kwargs)
+    # a re-queued request keeps its cut
+    if settings is None or not settings.is_prefill or prompt_len_of(req) is not None:
         return original(queue, req, *args, **kwargs)
     refusal = None
     try:
@@ -107,6 +114,7 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     # as SGLang's own capacity refusal in this queue: nothing is held yet, the client gets the error
     status, message = refusal
     log.error("request %s refused: %s", req.rid, message)
+    refusal_relay.relay_refusal(queue.kv_manager, req.bootstrap_room, message)
     prepare_abort(req, message, status_code=status)
     queue.scheduler.output_streamer.stream_output([req], req.return_logprob)
     return None

@@ -1,4 +1,4 @@
-"""The command line of an asymmetric SGLang server: two more `--disaggregation-mode` choices, five
+"""The command line of an asymmetric SGLang server: two more `--disaggregation-mode` choices, six
 flags, and their translation to SGLang's own prefill/decode modes.
 
 `extend_parser` runs after `ServerArgs.add_cli_args` (so `--help` lists everything);
@@ -12,6 +12,7 @@ import argparse
 from ...sched.config import DEFAULT_WINDOW_CHUNK
 from .settings import (
     ASYM_MODES,
+    DEFAULT_REQUEST_DEADLINE_S,
     DEFAULT_SEMANTICS,
     DEFAULT_TOKEN_BUDGET,
     DEFAULT_WINDOW,
@@ -86,6 +87,15 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         help="asym-decode: what a request gets when its prefix transfer or handshake fails: 'off' (an "
         "error, the default) or 'recompute' (this worker computes the prefix with its full model).",
     )
+    group.add_argument(
+        "--asym-request-deadline-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Every admitted request ends within this many seconds on each worker of the pair: past it, it is "
+        "aborted (its pool slots freed) and the client gets a 503; the PD bootstrap and transfer waits get the "
+        f"same bound (default {DEFAULT_REQUEST_DEADLINE_S:g}).",
+    )
 
 
 def translate(args: argparse.Namespace) -> AsymSettings | None:
@@ -97,10 +107,12 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
     budget = getattr(args, "asym_token_budget", None)
     chunk = getattr(args, "asym_window_chunk", None)
     fallback = getattr(args, "asym_transfer_fallback", None)
+    deadline = getattr(args, "asym_request_deadline_s", None)
     if mode not in ASYM_MODES:
         given = [flag for flag, value in (("--asym-window", window), ("--asym-semantics", semantics),
                                           ("--asym-token-budget", budget), ("--asym-window-chunk", chunk),
-                                          ("--asym-transfer-fallback", fallback))
+                                          ("--asym-transfer-fallback", fallback),
+                                          ("--asym-request-deadline-s", deadline))
                  if value is not None]
         if given:
             verb = "apply" if len(given) > 1 else "applies"
@@ -115,10 +127,12 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
     try:
         settings = AsymSettings(mode=mode, window=window, semantics=semantics,
                                 token_budget=DEFAULT_TOKEN_BUDGET if budget is None else budget, window_chunk=chunk,
-                                transfer_fallback="off" if fallback is None else fallback)
+                                transfer_fallback="off" if fallback is None else fallback,
+                                request_deadline_s=DEFAULT_REQUEST_DEADLINE_S if deadline is None else deadline)
     except ValueError as exc:  # a value out of range, said in the settings' own words
         raise AsymArgumentError(str(exc).replace("AsymSettings.token_budget", "--asym-token-budget")
                                 .replace("AsymSettings.window_chunk", "--asym-window-chunk")
-                                .replace("AsymSettings.transfer_fallback", "--asym-transfer-fallback")) from None
+                                .replace("AsymSettings.transfer_fallback", "--asym-transfer-fallback")
+                                .replace("AsymSettings.request_deadline_s", "--asym-request-deadline-s")) from None
     setattr(args, MODE_DEST, settings.sglang_mode)
     return settings

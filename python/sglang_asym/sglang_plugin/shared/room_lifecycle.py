@@ -63,6 +63,7 @@ class RoomLifecycleManager:
         self._concluded_handshakes: dict[int, Any] = {}  # room -> the handshake table its Success ended with
         self._abandoned_rooms: dict[int, float] = {}  # room -> when P failed it without D's handshake
         self._aborted_rooms: dict[int, float] = {}  # room -> when its request was aborted on P
+        self._abandon_reasons: dict[int, str] = {}  # room -> why P gave it up, when P said (prefill/refusal.py)
         super().__init__(*args, **kwargs)
 
     def note_aborted(self, room: int) -> None:
@@ -101,23 +102,27 @@ class RoomLifecycleManager:
         sender = self._live_senders.get(room)
         return room in self._aborted_rooms and sender is not None and not sender._rows_queued
 
-    def abandon_room(self, room: int) -> None:
+    def abandon_room(self, room: int, reason: str | None = None) -> None:
         now = time.monotonic()
         for old in [r for r, at in self._abandoned_rooms.items() if now - at > ABANDONED_KEEP_S]:
             self._abandoned_rooms.pop(old, None)
+            self._abandon_reasons.pop(old, None)
         self._abandoned_rooms[room] = now
+        if reason:
+            self._abandon_reasons[room] = reason
 
     def _refuse_late_handshake(self, room: int) -> None:
         """D handshook for a room P already failed: tell D so now (bootstrap thread), keep nothing of it."""
         from sglang.srt.disaggregation.base.conn import KVPoll
 
         self._abandoned_rooms.pop(room, None)
+        said = self._abandon_reasons.pop(room, None)
         infos = self.transfer_infos.pop(room, None) or {}
         self.req_to_decode_prefix_len.pop(room, None)
         targets = list(dict.fromkeys((info.endpoint, info.dst_port) for info in list(infos.values())
                                      if not info.is_dummy))
         reason = (f"sglang-asym: the prefill worker gave up room {room} before this decode worker's handshake "
-                  "came (its bootstrap timeout, or the request was aborted there)")
+                  "came (its bootstrap timeout, or the request was aborted there)") if said is None else said
         log.warning("%s; told %s", reason, targets)
         self.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
                                     failure_reason=reason)
@@ -157,6 +162,7 @@ class RoomLifecycleSender:
         self._rows_queued = False
         live = mgr._live_senders
         mgr._abandoned_rooms.pop(bootstrap_room, None)  # a new request of the room: it is not given up
+        mgr._abandon_reasons.pop(bootstrap_room, None)
         mgr._aborted_rooms.pop(bootstrap_room, None)
         previous = live.get(bootstrap_room)
         if previous is not None and (previous.conclude_state is not None or mgr.request_status.get(bootstrap_room)

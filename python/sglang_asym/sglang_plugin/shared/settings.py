@@ -27,6 +27,7 @@ SGLANG_MODE_OF = {ASYM_PREFILL: "prefill", ASYM_DECODE: "decode"}
 SEMANTICS_CHOICES = ("asym-exact-encoder", "asym")
 DEFAULT_SEMANTICS = "asym-exact-encoder"
 DEFAULT_TOKEN_BUDGET = 256  # decode rows + window rows per decode-worker step
+DEFAULT_REQUEST_DEADLINE_S = 120.0  # a request's lifetime on each worker of the pair (admission.py)
 
 
 # Bookkeeping attribute on ServerArgs (underscore names that are not fields stay writable).
@@ -43,6 +44,7 @@ class AsymSettings:
     token_budget: int = DEFAULT_TOKEN_BUDGET
     window_chunk: int | None = None  # window rows per request and step; see chunk_rows_for
     transfer_fallback: str = "off"  # asym-decode: "recompute" computes a failed transfer's prefix on D
+    request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S  # admitted requests end within it, each side
 
     def __post_init__(self) -> None:
         if self.mode not in ASYM_MODES:
@@ -57,6 +59,9 @@ class AsymSettings:
                                               or not 0 <= self.window_chunk <= self.window):
             raise ValueError(f"AsymSettings.window_chunk must be an integer in [0, window={self.window}], "
                              f"got {self.window_chunk!r}")
+        if not (isinstance(self.request_deadline_s, (int, float)) and 0 < self.request_deadline_s < float("inf")):
+            raise ValueError(f"AsymSettings.request_deadline_s must be a positive number of seconds, "
+                             f"got {self.request_deadline_s!r}")
         if self.transfer_fallback not in TRANSFER_FALLBACKS:
             raise ValueError(f"AsymSettings.transfer_fallback must be one of {TRANSFER_FALLBACKS}, "
                              f"got {self.transfer_fallback!r}")

@@ -1,0 +1,205 @@
+"""The admission checks that import SGLang's tokenizer manager, HTTP front and PD code, run in a fresh process
+with the CPU import stand-ins by test_admission.py. Prints `REPORT <names of the checks that passed>`.
+
+    python test/sglang_plugin/admission_checks.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import types
+
+from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
+
+cpu_import_gaps.install(STARTUP_GAPS)
+
+from sglang.srt.plugins import load_plugins  # noqa: E402  (after the stand-ins)
+
+from sglang_asym.sglang_plugin import hooks
+from sglang_asym.sglang_plugin.shared import admission, liveness  # noqa: E402
+from sglang_asym.sglang_plugin.shared.admission import AdmissionGate, AdmissionLimits, Overloaded  # noqa: E402
+from sglang_asym.sglang_plugin.shared.cli import translate  # noqa: E402
+from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError  # noqa: E402
+
+
+class RecordingManager:
+    """Just what the gate touches on SGLang's TokenizerManager: rid_to_state and abort_request."""
+
+    def __init__(self):
+        self.rid_to_state = {}
+        self.aborted = []
+
+    def abort_request(self, rid):
+        self.aborted.append(rid)
+
+
+def prefill_refuses_beyond_its_limit():
+    manager = RecordingManager()
+    gate = AdmissionGate.for_manager(manager, AdmissionLimits(1, 0, 30), is_prefill=True)
+    setattr(manager, admission.GATE_ATTR, gate)
+
+    async def original(_manager, _obj, *args):
+        yield {"text": "ok", "meta_info": {"finish_reason": {"type": "length"}}}
+
+    async def one(room):
+        obj = types.SimpleNamespace(rid=f"r{room}", bootstrap_room=room, bootstrap_host="127.0.0.1",
+                                    bootstrap_port=1)
+        return [item async for item in admission.around_generate_request(original, manager, obj)]
+
+    async def drive():
+        assert gate.rooms.decide(1)  # held by the decode worker's question
+        try:
+            await one(2)
+            raise AssertionError("room 2 was admitted beyond the limit")
+        except Overloaded as refused:
+            assert refused.status_code == 503 and refused.retry_after_s == 5
+        assert len(await one(1)) == 1  # room 1 was admitted before its copy arrived
+        assert gate.rooms.holding() == 0
+        assert len(await one(1)) == 1  # a rebootstrap of the ended room is decided anew
+        assert not gate.rooms.decide(2)  # a refused room stays refused
+        # SGLang's non-streaming handler takes the final item and closes the generator: a normal end too
+        obj = types.SimpleNamespace(rid="r3", bootstrap_room=3, bootstrap_host="127.0.0.1", bootstrap_port=1)
+        gen = admission.around_generate_request(original, manager, obj)
+        assert (await gen.__anext__())["meta_info"]["finish_reason"]["type"] == "length"
+        await gen.aclose()
+        assert gate.rooms.holding() == 0 and gate.rooms.decide(3)
+
+    asyncio.run(drive())
+
+
+def unreachable_prefill_refuses_unless_decode_recomputes():
+    """D asks P's bootstrap server, where nothing listens: a 503 at once, or the request admitted when D
+    computes what P cannot send (--asym-transfer-fallback recompute)."""
+    import socket
+
+    from sglang_asym.sglang_plugin.shared.admission import PeerUnreachable
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+
+    async def original(_manager, _obj, *args):
+        yield {"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}
+
+    async def one(recomputes):
+        manager = RecordingManager()
+        gate = AdmissionGate.for_manager(manager, AdmissionLimits(2, 0, 30), is_prefill=False, recomputes=recomputes)
+        setattr(manager, admission.GATE_ATTR, gate)
+        obj = types.SimpleNamespace(rid="r", bootstrap_room=9, bootstrap_host="127.0.0.1", bootstrap_port=free_port)
+        try:
+            return [item async for item in admission.around_generate_request(original, manager, obj)]
+        except PeerUnreachable as refused:
+            assert refused.status_code == 503
+            return None
+        finally:
+            assert gate.rooms.holding() == 0
+
+    assert [item["text"] for item in asyncio.run(one(recomputes=True))] == ["ok"]
+    assert asyncio.run(one(recomputes=False)) is None
+
+
+def limits_from_the_published_pool():
+    """D's limit counts the extra pool slots SGLang resolves for requests in transfer (published in the
+    launcher before the tokenizer manager starts, not on the ServerArgs record)."""
+    import tempfile
+
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_asym.config import V41Config
+
+    ckpt = tempfile.mkdtemp()
+    V41Config.sglang_small().write_json(ckpt)
+    for mode, extra, expected in (("asym-decode", 4, (6, 8)), ("asym-prefill", 0, (2, 4))):
+        args = prepare_server_args(["--model-path", ckpt, "--disaggregation-mode", mode, "--device", "cpu",
+                                    "--max-running-requests", "2", "--max-queued-requests", "2",
+                                    "--skip-server-warmup"])
+        assert AdmissionLimits.of(admission.resolved_pool_args(args), 30).limit == 4  # not published yet
+        publish(args, role="tokenizer")
+        pool = admission.resolved_pool_args(args)
+        assert pool.disaggregation_decode_extra_slots == extra, (mode, pool)
+        limits = AdmissionLimits.of(pool, 30)
+        assert (limits.capacity, limits.limit) == expected, (mode, limits)
+
+
+def retry_after_header():
+    from sglang.srt.entrypoints.http_server import _create_error_response
+
+    exc = Overloaded("full", 4)
+    response = admission.after_create_error_response(_create_error_response(exc), exc)
+    assert (response.status_code, response.headers["Retry-After"]) == (503, "4")
+    other = ValueError("bad")
+    assert "Retry-After" not in admission.after_create_error_response(_create_error_response(other), other).headers
+
+
+def deadline_flag():
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    from sglang_asym.sglang_plugin.shared.settings import settings_of
+
+    assert [t for t, _, _ in hooks.hook_table()][0] == "sglang.srt.server_args.ServerArgs.add_cli_args"
+    import tempfile
+
+    from sglang_asym.config import V41Config
+
+    for name in (*admission.DEADLINE_ENVS, liveness.HEALTH_GENERATION_ENV):
+        os.environ.pop(name, None)
+    ckpt = tempfile.mkdtemp()
+    V41Config.sglang_small().write_json(ckpt)
+    args = prepare_server_args(["--model-path", ckpt, "--disaggregation-mode", "asym-decode", "--device", "cpu",
+                                "--asym-request-deadline-s", "30.5", "--skip-server-warmup"])
+    assert isinstance(args, ServerArgs) and settings_of(args).request_deadline_s == 30.5
+    assert [os.environ[name] for name in admission.DEADLINE_ENVS] == ["31", "31"]
+    assert os.environ[liveness.HEALTH_GENERATION_ENV] == "false"
+    try:
+        prepare_server_args(["--model-path", ckpt, "--disaggregation-mode", "asym-decode",
+                             "--asym-request-deadline-s", "0"])
+        raise AssertionError("a deadline of 0 s was accepted")
+    except SystemExit as exc:
+        assert exc.code == 2
+    try:
+        translate(types.SimpleNamespace(disaggregation_mode="null", asym_window=None, asym_semantics=None,
+                                        asym_token_budget=None, asym_window_chunk=None,
+                                        asym_transfer_fallback=None, asym_request_deadline_s=5.0))
+        raise AssertionError("--asym-request-deadline-s was accepted without an asym mode")
+    except AsymArgumentError as exc:
+        assert "--asym-request-deadline-s applies only with" in str(exc)
+
+
+def canaries():
+    from sglang.srt import constants, environ
+    from sglang.srt.disaggregation import utils
+    from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVBootstrapServer
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
+
+    assert list(inspect.signature(TokenizerManager.__init__).parameters)[:3] == ["self", "server_args", "port_args"]
+    assert list(inspect.signature(TokenizerManager.generate_request).parameters) == ["self", "obj", "request"]
+    assert inspect.isasyncgenfunction(TokenizerManager.generate_request.__wrapped__
+                                      if hasattr(TokenizerManager.generate_request, "__wrapped__")
+                                      else TokenizerManager.generate_request)
+    assert list(inspect.signature(TokenizerManager.abort_request).parameters) == ["self", "rid", "abort_all"]
+    assert "self.bootstrap_server = (" in inspect.getsource(TokenizerManager)
+    assert {"obj", "finished"} <= set(ReqState.__dataclass_fields__)
+    assert "_setup_routes" not in MooncakeKVBootstrapServer.__dict__  # the common routes are Mooncake's
+    assert "self.app.router" in inspect.getsource(CommonKVBootstrapServer._setup_routes)
+    assert list(inspect.signature(http_server._create_error_response).parameters) == ["e"]
+    assert "_create_error_response(e)" in inspect.getsource(http_server.serve_generate_request)
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in inspect.getsource(http_server.health_generate)
+    for name in (*admission.DEADLINE_ENVS, liveness.HEALTH_GENERATION_ENV):
+        assert hasattr(environ.envs, name), name
+    assert constants.HEALTH_CHECK_RID_PREFIX == "HEALTH_CHECK" and utils.FAKE_BOOTSTRAP_HOST == "2.2.2.2"
+
+
+if __name__ == "__main__":
+    load_plugins()
+    passed = []
+    for check in (prefill_refuses_beyond_its_limit, unreachable_prefill_refuses_unless_decode_recomputes,
+                  retry_after_header, deadline_flag, canaries, limits_from_the_published_pool):
+        check()
+        passed.append(check.__name__)
+    print("REPORT " + " ".join(passed))

@@ -1,0 +1,57 @@
+"""admission_check.py over SGLang's own GenerateReqInput, normalized as the tokenizer manager does before
+`_init_req_state`: what both asymmetric roles refuse before any bootstrap, and what they admit."""
+
+import pytest
+
+from sglang_asym.sglang_plugin.shared.admission_check import (LOGPROBS_MESSAGE, PARALLEL_SAMPLING_MESSAGE,
+                                                       AsymAdmissionError, around_init_req_state, refusal_of)
+
+
+def _normalized(**fields):
+    from sglang_asym.sglang_plugin import cpu_import_gaps
+    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)  # SGLang's io_struct imports what a CPU-only venv lacks
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(**fields)
+    obj.normalize_batch_and_arguments()
+    return obj
+
+
+@pytest.mark.parametrize("fields", [
+    {"text": "hi", "return_logprob": True},
+    {"text": "hi", "return_logprob": True, "top_logprobs_num": 2},
+    {"text": "hi", "return_logprob": True, "logprob_start_len": 0},
+    {"text": ["a", "b"], "return_logprob": [False, True]},
+])
+def test_logprobs_are_refused(fields):
+    assert refusal_of(_normalized(**fields)) == LOGPROBS_MESSAGE
+
+
+def test_parallel_sampling_is_refused():
+    assert refusal_of(_normalized(text="hi", sampling_params={"n": 3, "temperature": 0.7})) == \
+        PARALLEL_SAMPLING_MESSAGE.format(n=3)
+
+
+@pytest.mark.parametrize("fields", [
+    {"text": "hi"},
+    {"input_ids": [1, 2, 3], "sampling_params": {"n": 1, "max_new_tokens": 4}},
+    {"text": ["a", "b"], "sampling_params": {"temperature": 0}},
+])
+def test_what_the_pair_serves_is_admitted(fields):
+    assert refusal_of(_normalized(**fields)) is None
+
+
+def test_the_hook_raises_a_400_before_any_state_and_passes_the_rest_through():
+    calls = []
+
+    def original(manager, obj, request=None):
+        calls.append(obj)
+        return "state"
+
+    with pytest.raises(AsymAdmissionError) as refused:
+        around_init_req_state(original, None, _normalized(text="hi", return_logprob=True), None)
+    assert refused.value.status_code == 400 and calls == []
+    admitted = _normalized(text="hi")
+    assert around_init_req_state(original, None, admitted, None) == "state" and calls == [admitted]

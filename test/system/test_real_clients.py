@@ -1,0 +1,126 @@
+"""What real clients send to the mission's pair (`python -m sglang.launch_server --device cpu
+--disaggregation-mode asym-prefill / asym-decode`) behind sglang-router, one server set for the module:
+- the `openai` client: models, completions (greedy tokens equal /generate's), chat, streaming with usage,
+  stop strings;
+- what both roles refuse alike before any bootstrap (admission_check.py): logprobs and n > 1, each answered
+  within 2 s with a 4xx, both pools back to empty, neither worker unhealthy, and the next request served.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from sglang_asym.testing.router_launch import RouterFlavor
+from sglang_asym.testing.server_process import post
+
+from .helpers import serving
+from .sglang_servers import greedy, patient_router, prompt_of, settle, sglang_server, sglang_workspace
+
+pytestmark = pytest.mark.timeout(1800)
+
+WINDOW = 128
+P_POOL_TOKENS = 2048  # P's --max-total-tokens (smaller than D's pool)
+REFUSAL_S = 2.0
+MODEL = "v41-small"
+
+
+def text_of(words: int) -> str:
+    """A text prompt (the routers take OpenAI prompts as text only)."""
+    return " ".join(f"word{i % 97}" for i in range(words))
+
+
+@pytest.fixture(scope="module")
+def pair(sglang_checkpoint, tmp_path_factory):
+    checkpoint = sglang_checkpoint
+    _, logs = sglang_workspace(tmp_path_factory, "real_clients")
+    flags = ("--asym-window", str(WINDOW))
+    servers = {
+        "prefill": sglang_server("asym-prefill", checkpoint, logs, *flags, "--max-total-tokens", str(P_POOL_TOKENS)),
+        "decode": sglang_server("asym-decode", checkpoint, logs, *flags),
+    }
+    with serving(servers, timeout_s=600):
+        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
+            greedy(router.url, prompt_of(150), new_tokens=48, ignore_eos=True)
+            yield {**servers, "router": router}
+
+
+@pytest.fixture
+def client(pair):
+    """The openai client on the router; every case starts and ends with both pools empty."""
+    workers = [pair["prefill"], pair["decode"]]
+    assert settle(workers) == [0, 0]
+    yield openai.OpenAI(base_url=pair["router"].url + "/v1", api_key="none", max_retries=0, timeout=300)
+    assert settle(workers, timeout_s=30) == [0, 0]
+
+
+def _healthy(pair) -> bool:
+    return all(urllib.request.urlopen(pair[role].url + "/health", timeout=30).status == 200
+               for role in ("prefill", "decode"))
+
+
+def _serves_next(pair) -> None:
+    assert len(greedy(pair["router"].url, prompt_of(200))) == 8
+
+
+def test_openai_models_completions_and_chat(pair, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    prompt = text_of(150)
+    done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert done.usage.prompt_tokens > WINDOW and done.usage.completion_tokens == 8
+    assert done.choices[0].finish_reason == "length"
+    status, generated = post(pair["router"].url + "/generate", {
+        "text": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}})
+    assert status == 200 and len(generated["output_ids"]) == 8
+    assert generated["meta_info"]["prompt_tokens"] == done.usage.prompt_tokens
+    assert done.choices[0].text == generated["text"]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "tell me " * 80}],
+                                          max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    assert chat.usage.completion_tokens == 6 and chat.choices[0].finish_reason == "length"
+    assert chat.choices[0].message.role == "assistant"
+
+
+def test_openai_streaming_with_usage_and_stop_strings(pair, client):
+    prompt = text_of(200)
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens > WINDOW
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    stopped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stop=[stop],
+                                        extra_body={"ignore_eos": True}).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == full[:full.index(stop)]
+
+
+def _refused_at_once(pair, call) -> Exception:
+    start = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        call()
+    took = time.monotonic() - start
+    assert 400 <= refused.value.status_code < 500, refused.value
+    assert took < REFUSAL_S, (took, refused.value)
+    assert settle([pair["prefill"], pair["decode"]], timeout_s=REFUSAL_S) == [0, 0]
+    assert _healthy(pair)
+    _serves_next(pair)
+    return refused.value
+
+
+def test_logprobs_are_refused_by_both_roles_at_once(pair, client):
+    refused = _refused_at_once(pair, lambda: client.completions.create(
+        model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0, logprobs=2))
+    assert "logprobs are not available in the asymmetric modes" in str(refused)
+    _refused_at_once(pair, lambda: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=2))
+
+
+def test_parallel_sampling_is_refused_by_both_roles_at_once(pair, client):
+    refused = _refused_at_once(pair, lambda: client.completions.create(
+        model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0.7, n=2, seed=5))
+    assert "parallel sampling (n = 2)" in str(refused)
