@@ -70,6 +70,36 @@ def prefill_refuses_beyond_its_limit():
     asyncio.run(drive())
 
 
+def refused_requests_take_no_room():
+    """A request both roles refuse (logprobs, n > 1) is refused by the gate before it decides its room, on
+    P and on D alike: P never closes a room D would then ask about (D's client would hear "the prefill
+    worker holds its limit" instead of the refusal), and D never asks P."""
+    from sglang_asym.sglang_plugin.shared.admission_check import (LOGPROBS_MESSAGE, PARALLEL_SAMPLING_MESSAGE,
+                                                                   AsymAdmissionError)
+
+    async def original(_manager, _obj, *args):
+        raise AssertionError("a refused request reached SGLang's generate_request")
+        yield
+
+    async def one(is_prefill, **fields):
+        manager = RecordingManager()
+        gate = AdmissionGate.for_manager(manager, AdmissionLimits(1, 0, 30), is_prefill=is_prefill)
+        setattr(manager, admission.GATE_ATTR, gate)
+        obj = types.SimpleNamespace(rid="r", bootstrap_room=7, bootstrap_host="127.0.0.1", bootstrap_port=1,
+                                    **fields)
+        try:
+            [item async for item in admission.around_generate_request(original, manager, obj)]
+            raise AssertionError("admitted")
+        except AsymAdmissionError as refused:
+            assert refused.status_code == 400
+            assert gate.rooms.holding() == 0 and gate.rooms.decide(7)  # the room was never decided
+            return str(refused)
+
+    for is_prefill in (True, False):
+        assert asyncio.run(one(is_prefill, return_logprob=True)) == LOGPROBS_MESSAGE
+        assert asyncio.run(one(is_prefill, sampling_params={"n": 2})) == PARALLEL_SAMPLING_MESSAGE.format(n=2)
+
+
 def unreachable_prefill_refuses_unless_decode_recomputes():
     """D asks P's bootstrap server, where nothing listens: a 503 at once, or the request admitted when D
     computes what P cannot send (--asym-transfer-fallback recompute)."""
@@ -198,7 +228,8 @@ def canaries():
 if __name__ == "__main__":
     load_plugins()
     passed = []
-    for check in (prefill_refuses_beyond_its_limit, unreachable_prefill_refuses_unless_decode_recomputes,
+    for check in (prefill_refuses_beyond_its_limit, refused_requests_take_no_room,
+                  unreachable_prefill_refuses_unless_decode_recomputes,
                   retry_after_header, deadline_flag, canaries, limits_from_the_published_pool):
         check()
         passed.append(check.__name__)

@@ -112,5 +112,6 @@ def test_sglang_side_checks_in_a_fresh_process():
     assert done.stdout.strip().splitlines()[-1] == "REPORT " + " ".join(CHECKS), done.stdout[-2000:]
 
 
-CHECKS = ("prefill_refuses_beyond_its_limit", "unreachable_prefill_refuses_unless_decode_recomputes",
+CHECKS = ("prefill_refuses_beyond_its_limit", "refused_requests_take_no_room",
+          "unreachable_prefill_refuses_unless_decode_recomputes",
           "retry_after_header", "deadline_flag", "canaries", "limits_from_the_published_pool")

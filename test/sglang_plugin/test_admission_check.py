@@ -7,9 +7,20 @@ from sglang_asym.sglang_plugin.shared.admission_check import (LOGPROBS_MESSAGE, 
                                                        AsymAdmissionError, around_init_req_state, refusal_of)
 
 
+def _as_sent(**fields):
+    """A GenerateReqInput as the HTTP front hands it to generate_request, before SGLang normalizes it."""
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    return GenerateReqInput(**fields)
+
+
 def _normalized(**fields):
-    from sglang_asym.sglang_plugin import cpu_import_gaps
-    from sglang_asym.sglang_plugin.startup import STARTUP_GAPS
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
 
     cpu_import_gaps.install(STARTUP_GAPS)  # SGLang's io_struct imports what a CPU-only venv lacks
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -32,6 +43,18 @@ def test_logprobs_are_refused(fields):
 def test_parallel_sampling_is_refused():
     assert refusal_of(_normalized(text="hi", sampling_params={"n": 3, "temperature": 0.7})) == \
         PARALLEL_SAMPLING_MESSAGE.format(n=3)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"text": "hi", "return_logprob": True, "top_logprobs_num": 2}, LOGPROBS_MESSAGE),
+    ({"text": "hi", "sampling_params": {"n": 2, "temperature": 0.7}}, PARALLEL_SAMPLING_MESSAGE.format(n=2)),
+    ({"text": ["a", "b"], "sampling_params": [{"n": 4}, {"n": 4}]}, PARALLEL_SAMPLING_MESSAGE.format(n=4)),
+    ({"text": "hi", "sampling_params": {"n": 1}}, None),
+    ({"input_ids": [1, 2, 3]}, None),
+])
+def test_the_admission_gate_reads_the_request_as_it_arrived(fields, message):
+    """admission.py asks before SGLang normalizes the request (parallel_sample_num is still 1 then)."""
+    assert refusal_of(_as_sent(**fields)) == message
 
 
 @pytest.mark.parametrize("fields", [

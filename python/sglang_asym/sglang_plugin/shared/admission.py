@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+from .admission_check import AsymAdmissionError, refusal_of
+
 log = logging.getLogger(__name__)
 
 GENERATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
@@ -300,6 +302,9 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
             yield item
         return
+    refusal = refusal_of(obj)
+    if refusal is not None:  # both sides refuse it alike: no room is decided for it on either
+        raise AsymAdmissionError(refusal)
     room = obj.bootstrap_room
     if not gate.rooms.decide(room):
         if not gate.is_prefill:

@@ -39,11 +39,19 @@ def _any(value: Any) -> bool:
     return any(bool(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)
 
 
+def _requested_n(sampling_params: Any) -> int:
+    """`n` as the client sent it (SGLang copies it into parallel_sample_num only when it normalizes)."""
+    first = sampling_params[0] if isinstance(sampling_params, (list, tuple)) and sampling_params else sampling_params
+    return int(first.get("n", 1) or 1) if isinstance(first, dict) else 1
+
+
 def refusal_of(obj: Any) -> str | None:
-    """Why the asymmetric pair cannot serve a normalized GenerateReqInput, None when it can."""
+    """Why the asymmetric pair cannot serve a GenerateReqInput (normalized or as it arrived), None when it can.
+    Asked twice: by the admission gate (admission.py) before it decides the room, so that a request both
+    sides refuse never takes a room on P that D's admission question would find closed; and here."""
     if _any(getattr(obj, "return_logprob", False)):
         return LOGPROBS_MESSAGE
-    n = getattr(obj, "parallel_sample_num", 1) or 1
+    n = max(getattr(obj, "parallel_sample_num", 1) or 1, _requested_n(getattr(obj, "sampling_params", None)))
     if n > 1:
         return PARALLEL_SAMPLING_MESSAGE.format(n=n)
     return None
