@@ -4,11 +4,12 @@ with Failed at once (words that say the abort); one for a live room is SGLang's.
 
 from __future__ import annotations
 
+import time
 import types
 
 from sglang.srt.disaggregation.base.conn import KVPoll
 
-from sglang_asym.sglang_plugin.shared.room_lifecycle import PREFILL_ABORT_WORDS, RoomLifecycleManager
+from sglang_asym.sglang_plugin.shared.room_lifecycle import PREFILL_ABORT_WORDS, RoomLifecycleManager, RoomLifecycleSender
 
 ROOM = 41
 D = ("127.0.0.1", 9000)
@@ -68,3 +69,55 @@ def test_a_handshake_after_the_aborted_sender_was_cleared_is_answered_failed():
     manager.abandon_room(ROOM)  # the sender's clear found no handshake
     handshake(manager)
     assert manager.statuses == [] and [s[2] for s in manager.sent] == [KVPoll.Failed]
+
+
+class RecordingSender:
+    """Just what the sender mixin calls on SGLang's CommonKVSender: abort() marks the room Failed."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room) -> None:
+        self.kv_mgr, self.bootstrap_room = mgr, bootstrap_room
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def send(self, *args) -> None:
+        pass
+
+
+class Sender(RoomLifecycleSender, RecordingSender):
+    pass
+
+
+def _aborting_manager(outstanding: int) -> Manager:
+    manager = Manager()
+    manager.request_status = {}
+    manager._staging_outstanding = {ROOM: outstanding}
+    manager._room_notify_targets = lambda room: [D] if room == ROOM else []
+    return manager
+
+
+def _sent_within(manager: Manager, seconds: float) -> list:
+    until = time.monotonic() + seconds
+    while not manager.sent and time.monotonic() < until:
+        time.sleep(0.01)
+    return manager.sent
+
+
+def test_an_abort_on_p_before_any_row_is_queued_tells_d_at_once():
+    manager = _aborting_manager(outstanding=0)
+    sender = Sender(manager, "p:1", ROOM)
+    sender.abort()
+    [(targets, room, status, reason)] = manager.sent
+    assert sender.aborted and (targets, room, status) == ([D], ROOM, KVPoll.Failed) and PREFILL_ABORT_WORDS in reason
+
+
+def test_an_abort_on_p_with_rows_queued_tells_d_once_the_writes_in_flight_drained():
+    manager = _aborting_manager(outstanding=1)  # one chunk dequeued, its write not returned
+    sender = Sender(manager, "p:1", ROOM)
+    sender.send([0, 1])
+    sender.abort()
+    assert _sent_within(manager, 0.3) == []  # D must not free pages a write still lands in
+    manager._staging_outstanding[ROOM] = 0
+    [(targets, room, status, reason)] = _sent_within(manager, 5.0)
+    assert (targets, room, status) == ([D], ROOM, KVPoll.Failed) and PREFILL_ABORT_WORDS in reason

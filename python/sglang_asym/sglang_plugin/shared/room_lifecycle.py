@@ -27,10 +27,10 @@ before the client hears anything. P now tells that D at once that the room faile
   sender   clear              a room that failed with no handshake from D is remembered (ABANDONED_KEEP_S)
   manager  update_status      D's handshake for such a room (its WaitingForInput) is answered with Failed
                               and dropped instead
-  sender   abort              a request aborted on P alone before P queued any of its rows: D, which
-                              handshook already, is told Failed at once (SGLang tells D nothing, and D
-                              holds the room's slots for its whole waiting timeout); once rows may be
-                              in flight D is left to SGLang (a write could still land in its pages)
+  sender   abort              a request aborted on P alone: D, which handshook already, is told Failed
+                              (SGLang tells D nothing, and D holds the room's slots for its whole waiting
+                              timeout): at once when P queued none of its rows, else once the room's
+                              writes in flight drained (D must not free pages a write still lands in)
   manager  update_status      D's handshake that comes after such an abort, before P's scheduler clears
                               the aborted sender (whose clear would drop it), is answered with Failed
   manager  send_kv_status_message
@@ -41,6 +41,7 @@ before the client hears anything. P now tells that D at once that the room faile
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 _UNKNOWN = object()
 PREFILL_ABORT_WORDS = "aborted on the prefill worker"  # D's recompute fallback leaves such a room alone
+DRAIN_WAIT_S, DRAIN_POLL_S = 30.0, 0.01  # an aborted room's in-flight writes: how long to wait, how often to look
 ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it gave up (beyond SGLang's timeouts)
 
 
@@ -152,6 +154,27 @@ def _put_back(manager: Any, room: int, infos: dict) -> None:
              "one; kept", room)
 
 
+def _fail_once_drained(manager: Any, room: int, targets: Any) -> None:
+    """A room aborted on P after some of its rows were queued: D is told Failed once no write into its pages
+    is in flight (SGLang counts a chunk as outstanding from its dequeue until its write returned, and a
+    chunk dequeued after the abort is skipped), so D frees pages nothing writes to any more. A room that
+    does not drain within DRAIN_WAIT_S is left to D's waiting timeout."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    outstanding = getattr(manager, "_staging_outstanding", None)
+    if outstanding is None:
+        return
+    until = time.monotonic() + DRAIN_WAIT_S
+    while outstanding.get(room, 0) > 0:
+        if time.monotonic() > until:
+            log.warning("room %s: aborted on the prefill worker; its writes did not drain in %g s, the decode "
+                        "worker is left to its waiting timeout", room, DRAIN_WAIT_S)
+            return
+        time.sleep(DRAIN_POLL_S)
+    log.info("room %s: aborted on the prefill worker after rows were queued; writes drained, told %s", room, targets)
+    manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed)
+
+
 class RoomLifecycleSender:
     """Mixin for a CommonKVSender subclass whose manager has RoomLifecycleManager."""
 
@@ -182,12 +205,15 @@ class RoomLifecycleSender:
 
         manager, room = self.kv_mgr, self.bootstrap_room
         manager.note_aborted(room)
-        super().abort()
-        targets = manager._room_notify_targets(room) if not self._rows_queued else []
-        if targets:
+        super().abort()  # the room is Failed now: the transfer workers skip every chunk they dequeue later
+        targets = manager._room_notify_targets(room)
+        if targets and not self._rows_queued:
             log.info("room %s: aborted on the prefill worker before any row was queued; told %s", room, targets)
             # the noted abort gives the frame its words (send_kv_status_message)
             manager.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed)
+        elif targets:
+            threading.Thread(target=_fail_once_drained, args=(manager, room, targets), daemon=True,
+                             name=f"asym-abort-drain-{room}").start()
 
     def clear(self) -> None:
         from sglang.srt.disaggregation.base.conn import KVPoll
