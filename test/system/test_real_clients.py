@@ -138,6 +138,10 @@ def test_openai_output_logprobs_one_per_greedy_token(pair, client):
     for logprob, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
         # keyed by token text: two top tokens of the same text (the small tokenizer's '') share one key
         assert 1 <= len(top) <= 2 and max(top.values()) <= logprob
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, stream=True,
+        extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs is not None]
+    assert [value for chunk in streamed for value in chunk.token_logprobs] == logprobs.token_logprobs
 
     messages = [{"role": "user", "content": "tell me " * 80}]
     plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
