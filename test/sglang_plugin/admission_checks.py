@@ -71,10 +71,10 @@ def prefill_refuses_beyond_its_limit():
 
 
 def refused_requests_take_no_room():
-    """A request both roles refuse (logprobs, n > 1) is refused by the gate before it decides its room, on
+    """A request both roles refuse (prompt logprobs, n > 1) is refused by the gate before it decides its room, on
     P and on D alike: P never closes a room D would then ask about (D's client would hear "the prefill
     worker holds its limit" instead of the refusal), and D never asks P."""
-    from sglang_asym.sglang_plugin.shared.admission_check import (LOGPROBS_MESSAGE, PARALLEL_SAMPLING_MESSAGE,
+    from sglang_asym.sglang_plugin.shared.admission_check import (PARALLEL_SAMPLING_MESSAGE, PROMPT_LOGPROBS_MESSAGE,
                                                                    AsymAdmissionError)
 
     async def original(_manager, _obj, *args):
@@ -96,7 +96,7 @@ def refused_requests_take_no_room():
             return str(refused)
 
     for is_prefill in (True, False):
-        assert asyncio.run(one(is_prefill, return_logprob=True)) == LOGPROBS_MESSAGE
+        assert asyncio.run(one(is_prefill, return_logprob=True, logprob_start_len=0)) == PROMPT_LOGPROBS_MESSAGE
         assert asyncio.run(one(is_prefill, sampling_params={"n": 2})) == PARALLEL_SAMPLING_MESSAGE.format(n=2)
 
 

@@ -559,7 +559,7 @@ def intake(config_dir: str, window: str) -> dict:
     """The asym-prefill intake hook on SGLang's own `PrefillBootstrapQueue.add` (SGLang's fake
     transfer backend, SGLang's Req): installed only by an asymmetric scheduler's publish, cuts fresh
     requests to B tokens (N <= W: to none, marked zero-compute), refuses unsplittable prompts and prompt
-    logprobs, leaves decode/symmetric alone."""
+    logprobs, cuts a request for output logprobs like any other, leaves decode/symmetric alone."""
     from types import SimpleNamespace
 
     from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
@@ -617,8 +617,10 @@ def intake(config_dir: str, window: str) -> dict:
     prompt_logprobs.return_logprob, prompt_logprobs.logprob_start_len = True, 0
     cases["prompt_logprobs"] = _intake_state(add("prompt_logprobs", 0, req=prompt_logprobs))
     output_logprobs = _intake_request("output_logprobs", int(window) + 5)
-    output_logprobs.return_logprob, output_logprobs.logprob_start_len = True, -1
+    # SGLang's scheduler turns the default start -1 into N (output logprobs only) before this queue
+    output_logprobs.return_logprob, output_logprobs.logprob_start_len = True, int(window) + 5
     cases["output_logprobs"] = _intake_state(add("output_logprobs", 0, req=output_logprobs))
+    cases["output_logprobs_start"] = output_logprobs.logprob_start_len
     report["prefill"] = cases
     report["queued"] = [r.rid for r in queue.queue]
     report["streamed"] = list(streamed)

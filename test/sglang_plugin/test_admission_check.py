@@ -3,8 +3,9 @@
 
 import pytest
 
-from sglang_asym.sglang_plugin.shared.admission_check import (LOGPROBS_MESSAGE, PARALLEL_SAMPLING_MESSAGE,
-                                                       AsymAdmissionError, around_init_req_state, refusal_of)
+from sglang_asym.sglang_plugin.shared.admission_check import (PARALLEL_SAMPLING_MESSAGE, PROMPT_LOGPROBS_MESSAGE,
+                                                              TOP_LOGPROBS_MESSAGE, AsymAdmissionError,
+                                                              around_init_req_state, refusal_of)
 
 
 def _as_sent(**fields):
@@ -31,13 +32,33 @@ def _normalized(**fields):
 
 
 @pytest.mark.parametrize("fields", [
-    {"text": "hi", "return_logprob": True},
-    {"text": "hi", "return_logprob": True, "top_logprobs_num": 2},
-    {"text": "hi", "return_logprob": True, "logprob_start_len": 0},
-    {"text": ["a", "b"], "return_logprob": [False, True]},
+    {"text": "hi", "return_logprob": True, "logprob_start_len": 0},  # an OpenAI completion with echo and logprobs
+    {"text": "hi", "return_logprob": True, "logprob_start_len": 40},  # a text prompt's length is not known yet
+    {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 2},
+    {"text": ["a", "b"], "return_logprob": [False, True], "logprob_start_len": [-1, 0]},
+    {"input_ids": [[1, 2], [3, 4, 5]], "return_logprob": True, "logprob_start_len": [2, 1]},
 ])
-def test_logprobs_are_refused(fields):
-    assert refusal_of(_normalized(**fields)) == LOGPROBS_MESSAGE
+def test_prompt_logprobs_are_refused(fields):
+    assert refusal_of(_normalized(**fields)) == PROMPT_LOGPROBS_MESSAGE
+
+
+@pytest.mark.parametrize("fields", [
+    {"text": "hi", "return_logprob": True},  # SGLang's default start -1: output logprobs only
+    {"text": "hi", "return_logprob": True, "top_logprobs_num": 2},  # an OpenAI completion with logprobs=2
+    {"text": "hi", "return_logprob": True, "top_logprobs_num": 128},
+    {"text": "hi", "return_logprob": True, "token_ids_logprob": [5, 7]},
+    {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3},  # starts at the prompt's end
+    {"text": "hi", "return_logprob": False, "logprob_start_len": 0},  # no logprobs asked: the start is ignored
+    {"text": ["a", "b"], "return_logprob": [False, True], "top_logprobs_num": [0, 5]},
+])
+def test_output_logprobs_are_admitted(fields):
+    assert refusal_of(_normalized(**fields)) is None
+
+
+def test_more_top_logprobs_than_pds_metadata_carries_are_refused():
+    assert refusal_of(_normalized(text="hi", return_logprob=True, top_logprobs_num=129)) == \
+        TOP_LOGPROBS_MESSAGE.format(n=129)
+    assert "top_logprobs_num = 129 exceeds the 128 top logprobs per token" in TOP_LOGPROBS_MESSAGE.format(n=129)
 
 
 def test_parallel_sampling_is_refused():
@@ -46,7 +67,9 @@ def test_parallel_sampling_is_refused():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"text": "hi", "return_logprob": True, "top_logprobs_num": 2}, LOGPROBS_MESSAGE),
+    ({"text": "hi", "return_logprob": True, "top_logprobs_num": 2}, None),
+    ({"text": "hi", "return_logprob": True, "logprob_start_len": 0}, PROMPT_LOGPROBS_MESSAGE),
+    ({"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 5}, None),
     ({"text": "hi", "sampling_params": {"n": 2, "temperature": 0.7}}, PARALLEL_SAMPLING_MESSAGE.format(n=2)),
     ({"text": ["a", "b"], "sampling_params": [{"n": 4}, {"n": 4}]}, PARALLEL_SAMPLING_MESSAGE.format(n=4)),
     ({"text": "hi", "sampling_params": {"n": 1}}, None),
@@ -74,7 +97,8 @@ def test_the_hook_raises_a_400_before_any_state_and_passes_the_rest_through():
         return "state"
 
     with pytest.raises(AsymAdmissionError) as refused:
-        around_init_req_state(original, None, _normalized(text="hi", return_logprob=True), None)
+        around_init_req_state(original, None, _normalized(text="hi", return_logprob=True,
+                                                                   logprob_start_len=0), None)
     assert refused.value.status_code == 400 and calls == []
     admitted = _normalized(text="hi")
     assert around_init_req_state(original, None, admitted, None) == "state" and calls == [admitted]

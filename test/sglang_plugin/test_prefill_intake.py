@@ -12,7 +12,8 @@ import pytest
 
 from sglang_asym.config import V41Config
 from sglang_asym.sglang_plugin.prefill.cut import (
-    PrefillCut, PrefillCutError, cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of)
+    PrefillCut, PrefillCutError, cut_request, prefill_cut_for, prompt_len_of)
+from sglang_asym.sglang_plugin.shared.admission_check import PROMPT_LOGPROBS_MESSAGE
 from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 from sglang_asym.split import SplitError, SplitPlan
 
@@ -79,15 +80,6 @@ def test_cut_request_refuses_what_it_cannot_cut():
     assert prompt_len_of(padded) is None and len(padded.origin_input_ids) == 40
 
 
-def test_logprobs_refusals_say_why():
-    settings = AsymSettings("asym-prefill", window=WINDOW)
-    prompt = logprobs_refusal(WINDOW + 5, 0, settings)
-    assert prompt.startswith("sglang-asym: prompt logprobs are not available in the asymmetric modes")
-    assert f"only the last W={WINDOW} of the {WINDOW + 5}" in prompt
-    assert logprobs_refusal(WINDOW + 5, -1, settings).startswith(
-        "sglang-asym: output logprobs are not available yet in the asymmetric modes inside SGLang's engine")
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     config_dir = tmp_path_factory.mktemp("tiny_cfg")
@@ -116,22 +108,27 @@ def test_a_prompt_within_the_window_is_cut_to_nothing_and_marked_zero_compute(re
     assert report["prefill"]["at_window"] == {
         "ids": [], "unpadded": [], "fill_ids": [], "seqlen": 0, "prompt_len": WINDOW, "max_new_tokens": 1,
         "sender": "FakeKVSender", "finished": None, "zero_compute": True}
-    assert report["queued"] == ["long", "long", "at_window"]
+    assert report["queued"] == ["long", "long", "at_window", "output_logprobs"]
 
 
 def test_unservable_prompts_are_refused_through_sglangs_abort(report):
     too_long, logprobs = report["prefill"]["too_long"], report["prefill"]["prompt_logprobs"]
-    output_logprobs = report["prefill"]["output_logprobs"]
     assert too_long["finished"] == {"type": "FINISH_ABORT", "status": 400, "message":
                                     "sglang-asym: prompt of 8193 tokens exceeds max_position_embeddings 8192"}
     assert too_long["sender"] is None
-    settings = AsymSettings("asym-prefill", window=WINDOW)
-    assert logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400,
-                                    "message": logprobs_refusal(WINDOW + 5, 0, settings)}
+    assert logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400, "message": PROMPT_LOGPROBS_MESSAGE}
     assert logprobs["sender"] is None and logprobs["prompt_len"] is None and logprobs["seqlen"] == WINDOW + 5
-    assert output_logprobs["finished"] == {"type": "FINISH_ABORT", "status": 400,
-                                           "message": logprobs_refusal(WINDOW + 5, -1, settings)}
-    assert report["streamed"] == ["too_long", "prompt_logprobs", "output_logprobs"]
+    assert report["streamed"] == ["too_long", "prompt_logprobs"]
+
+
+def test_a_request_for_output_logprobs_is_cut_like_any_other(report):
+    """P computes no output token (its placeholder's logprobs are dropped by D's commit hook): the request is
+    cut, and its output-only start N becomes B, still past every row P computes."""
+    prompt = [1000 + t for t in range(WINDOW + 5)]
+    assert report["prefill"]["output_logprobs"] == {
+        "ids": prompt[:5], "unpadded": prompt[:5], "fill_ids": prompt[:5], "seqlen": 5, "prompt_len": WINDOW + 5,
+        "max_new_tokens": 1, "sender": "FakeKVSender", "finished": None, "zero_compute": False}
+    assert report["prefill"]["output_logprobs_start"] == 5
 
 
 def test_decode_role_requests_are_untouched(report):

@@ -269,6 +269,21 @@ def asym_reference(model: Any, prompt: list[int], prefill_chunk: int, semantics:
     return _run_spans(model, prompt, spans, Semantics.parse(semantics), count)
 
 
+def asym_reference_logprobs(checkpoint: Path, prompt: list[int], prefill_chunk: int, semantics: str,
+                            count: int) -> tuple[list[int], torch.Tensor]:
+    """The asym pair's greedy tokens for `prompt` (asym_reference) and the log-softmax of the logits each was
+    sampled from, [count, vocab] in float32, as SGLang's sampler computes a greedy token's logprobs."""
+    from sglang_asym.split import Semantics
+
+    model = reference_model(checkpoint, "release")
+    n, window = len(prompt), model.cfg.sliding_window
+    boundary = max(n - window, 0)
+    spans = [(s, min(s + prefill_chunk, boundary)) for s in range(0, boundary, prefill_chunk)] + [(boundary, n)]
+    rows: list[torch.Tensor] = []
+    tokens = _run_spans(model, prompt, spans, Semantics.parse(semantics), count, sampled_logits=rows)
+    return tokens, torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+
 def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
                         replayed: int | None = None) -> list[int]:
     """One lifecycle of a request as the reference model computes it: `sequence` run over SGLang's chunks
@@ -282,9 +297,10 @@ def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
 
 
 def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], semantics: Any, count: int,
-               replayed: int | None = None) -> list[int]:
+               replayed: int | None = None, sampled_logits: list[torch.Tensor] | None = None) -> list[int]:
     """`sequence` forwarded as the SGLang forwards `spans` (each cut into the reference forward's pieces,
-    with the floors of `semantics`), then greedy decoding: see reference_lifecycle for `replayed`."""
+    with the floors of `semantics`), then greedy decoding: see reference_lifecycle for `replayed`. The logits
+    each output token was sampled from are appended to `sampled_logits` when given."""
     from sglang_asym.cache import CacheSizing
     from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
 
@@ -303,9 +319,14 @@ def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], se
         out, last = [], replayed if replayed is not None else int(logits.argmax())
         if replayed is None:
             out.append(last)
+            if sampled_logits is not None:
+                sampled_logits.append(logits.reshape(-1))
         while len(out) < count:
-            last = int(model(torch.tensor([last]), cache, logits="last").argmax())
+            logits = model(torch.tensor([last]), cache, logits="last")
+            last = int(logits.argmax())
             out.append(last)
+            if sampled_logits is not None:
+                sampled_logits.append(logits.reshape(-1))
         return out
     finally:
         cache.release()

@@ -12,6 +12,9 @@ the kept token), and each lifecycle's tokens equal the reference model's for tha
 (never retracted) equal it for their one lifecycle. The P and the plain D are the deterministic stack's pair
 (conftest.py: the same flags) and answer first; then the speculative D starts beside them, behind a router of
 its own with the same P, and is stopped when its requests are answered.
+A request for output logprobs (top 3) gets from the speculative D the plain D's entries within 1e-5: the first
+token's from D's window EXTEND through the speculative worker, the rest from SGLang's compute_spec_logprobs
+over the verify rows.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from sglang_asym.testing.router_launch import RouterFlavor
 
 from sglang_asym.model.loading import model_from_checkpoint
+from sglang_asym.testing.server_process import post
 
 from .helpers import serving
 from .sglang_servers import (DETERMINISTIC, RETRACT_ENV, RETRACTED, forward_log, greedy, greedy_together, metric_sum,
@@ -34,13 +38,24 @@ LENGTHS = (1, 127, 129, 600)
 TOGETHER = (5, 131, 200, 300)  # lengths none of LENGTHS has: D's log tells the requests apart by N
 DRAFTS = 5  # the checkpoint's dspark_block_size
 PREFILL_CHUNK = 8192  # every prefix of these prompts runs in one forward on P
+LOGPROBS_N, TOP_LOGPROBS = 260, 3  # a length neither LENGTHS nor TOGETHER has
+
+
+def _with_logprobs(router_url: str) -> dict:
+    status, body = post(router_url + "/generate", {
+        "input_ids": prompt_of(LOGPROBS_N), "return_logprob": True, "top_logprobs_num": TOP_LOGPROBS,
+        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}, timeout_s=600)
+    assert status == 200, body
+    return {"output_ids": body["output_ids"], "tokens": body["meta_info"]["output_token_logprobs"],
+            "top": body["meta_info"]["output_top_logprobs"]}
 
 
 def _outputs(router_url: str, prefill, decode) -> dict:
     alone = {n: greedy(router_url, prompt_of(n), NEW_TOKENS, ignore_eos=True) for n in LENGTHS}
     together = greedy_together(router_url, [prompt_of(n) for n in TOGETHER], NEW_TOKENS)
-    return {"alone": alone, "together": together, "retracted": metric_sum(decode, RETRACTED) or 0.0,
-            "used_tokens": settle([prefill, decode])}
+    logprobs = _with_logprobs(router_url)  # alone: SGLang's retraction switch never retracts the last request
+    return {"alone": alone, "together": together, "logprobs": logprobs,
+            "retracted": metric_sum(decode, RETRACTED) or 0.0, "used_tokens": settle([prefill, decode])}
 
 
 def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
@@ -88,6 +103,18 @@ def test_speculative_asym_decode_equals_the_pair_without_speculation(runs, n):
     assert runs["with"]["alone"][n] == runs["without"]["alone"][n], f"N={n}"
 
 
+def test_speculative_asym_decode_returns_the_plain_pairs_output_logprobs(runs):
+    plain, speculated = runs["without"]["logprobs"], runs["with"]["logprobs"]
+    assert speculated["output_ids"] == plain["output_ids"] and len(plain["output_ids"]) == NEW_TOKENS
+    assert [entry[1] for entry in speculated["tokens"]] == plain["output_ids"]
+    assert len(speculated["top"]) == len(plain["top"]) == NEW_TOKENS
+    for i, (got, want) in enumerate(zip(speculated["tokens"], plain["tokens"])):
+        assert abs(got[0] - want[0]) <= 1e-5, (i, got, want)
+    for i, (got, want) in enumerate(zip(speculated["top"], plain["top"])):
+        assert [entry[1] for entry in got] == [entry[1] for entry in want] and len(got) == TOP_LOGPROBS, i
+        assert all(abs(g[0] - w[0]) <= 1e-5 for g, w in zip(got, want)), (i, got, want)
+
+
 def test_retracted_speculating_requests_equal_the_reference_of_each_lifecycle(runs):
     """A retraction moves the decoder layers' floors (the rebootstrap's window is that of the longer sequence),
     so a retracted request's later tokens may differ from an uninterrupted run; each lifecycle is checked
@@ -96,7 +123,7 @@ def test_retracted_speculating_requests_equal_the_reference_of_each_lifecycle(ru
     assert runs["with"]["used_tokens"] == [0, 0] and runs["without"]["used_tokens"] == [0, 0]
     rooms = list(_lifecycles(runs["forwards"]).values())
     lives = {ends[0]: ends for ends in rooms}
-    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER)  # one room per request
+    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER + (LOGPROBS_N,))  # a room per request
     assert any(len(lives[n]) > 1 for n in TOGETHER), lives  # a request was rebootstrapped mid-speculation
     model = model_from_checkpoint(runs["checkpoint"], cache_quant="release")  # the v41 pool's formats
     try:

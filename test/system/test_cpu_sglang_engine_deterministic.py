@@ -7,18 +7,28 @@ SGLang's forwards with the others. That the outputs can differ without the flag 
 (test/sglang_plugin/test_reference_forward_deterministic.py: batched logits differ in their last bits).
 12 concurrent mixed requests through the pair (generate, completions and chat; streamed and not; windows
 among them) all complete and each equals the same request sent alone.
+The pair's output logprobs (`return_logprob`, `top_logprobs_num`) equal, within 1e-5, the log-softmax of the
+in-process reference model's logits at each output position (the first token's from D's window step, alone and
+riding in a decode forward beside a running request), with the reference's greedy tokens and top entries.
 One stack: a colocated server and one pair, all with the flag, shared with the DSpark modules (conftest.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
+from sglang_asym.testing.server_process import post
+
 from .helpers import MODEL, output
-from .sglang_servers import forward_log, greedy, greedy_together, prompt_of, restore, server_info
+from .sglang_servers import (ONE_CHUNK, asym_reference_logprobs, forward_log, greedy, greedy_together, prompt_of,
+                             restore, server_info)
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -103,3 +113,69 @@ def test_twelve_concurrent_mixed_requests_complete_and_equal_each_alone(stack):
         else:
             assert isinstance(result, str)
     assert together == alone
+
+
+LOGPROB_TOKENS = 4
+TOP_LOGPROBS = 3
+LOGPROB_TOLERANCE = 1e-5
+RUNNER = (9, 96)  # a request decoding while the target's window runs: prompt length, new tokens
+
+
+def _with_logprobs(base: str, prompt: list[int]) -> dict:
+    status, body = post(base + "/generate", {
+        "input_ids": prompt, "return_logprob": True, "top_logprobs_num": TOP_LOGPROBS,
+        "sampling_params": {"max_new_tokens": LOGPROB_TOKENS, "temperature": 0, "ignore_eos": True}}, timeout_s=600)
+    assert status == 200, body
+    return body
+
+
+def _streamed_tokens(base: str, prompt: list[int], new_tokens: int, decoding: threading.Event) -> int:
+    """A streamed greedy request; `decoding` is set once its first token came (it decodes from then on).
+    Returns its output token count."""
+    request = urllib.request.Request(base + "/generate", headers={"Content-Type": "application/json"}, data=json.dumps({
+        "input_ids": prompt, "stream": True,
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}).encode())
+    last = None
+    try:
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    last = json.loads(line[len("data:"):])
+                    decoding.set()
+    finally:
+        decoding.set()  # the waiting case fails on the count instead of hanging
+    return 0 if last is None else last["meta_info"]["completion_tokens"]
+
+
+def _assert_reference_logprobs(body: dict, tokens: list[int], logprobs) -> None:
+    """One entry per output token, each (logprob, token id, text) and its top entries, as the reference gives."""
+    meta = body["meta_info"]
+    assert body["output_ids"] == tokens
+    entries, tops = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    assert [entry[1] for entry in entries] == tokens and len(tops) == LOGPROB_TOKENS
+    for i, ((logprob, token, _), top) in enumerate(zip(entries, tops)):
+        assert abs(logprob - float(logprobs[i, token])) <= LOGPROB_TOLERANCE, (i, logprob, float(logprobs[i, token]))
+        values, ids = logprobs[i].topk(TOP_LOGPROBS)
+        assert [entry[1] for entry in top] == ids.tolist(), i
+        assert all(abs(entry[0] - float(v)) <= LOGPROB_TOLERANCE for entry, v in zip(top, values)), (i, top)
+
+
+def test_the_pairs_output_logprobs_equal_the_references(stack, sglang_checkpoint):
+    base = stack["router"].url
+    for n in (TARGET, 40):  # a window after P's prefix [0, 12); a prompt within W, which P does not compute
+        prompt = prompt_of(n)
+        tokens, logprobs = asym_reference_logprobs(sglang_checkpoint, prompt, ONE_CHUNK, DEFAULT_SEMANTICS,
+                                                   LOGPROB_TOKENS)
+        _assert_reference_logprobs(_with_logprobs(base, prompt), tokens, logprobs)
+        _log(stack, "decode").unlink(missing_ok=True)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            decoding = threading.Event()
+            runner = pool.submit(_streamed_tokens, base, prompt_of(RUNNER[0]), RUNNER[1], decoding)
+            assert decoding.wait(timeout=600), runner.result()
+            _assert_reference_logprobs(_with_logprobs(base, prompt), tokens, logprobs)  # sent while the runner decodes
+            assert runner.result() == RUNNER[1]
+        window_rows = {(start, min(start + 32, n)) for start in range(max(n - 128, 0), n, 32)}
+        mixed = [f for f in forward_log(_log(stack, "decode"))
+                 if f["mode"] == "mixed" and any((s, e) in window_rows for _, s, e in f["rows"][f["decode_rows"]:])]
+        assert mixed, f"N = {n}: the window never rode in a decode forward beside the runner"

@@ -1,9 +1,11 @@
 """What real clients send to the mission's pair (`python -m sglang.launch_server --device cpu
 --disaggregation-mode asym-prefill / asym-decode`) behind sglang-router, one server set for the module:
 - the `openai` client: models, completions (greedy tokens equal /generate's), chat, streaming with usage,
-  stop strings;
-- what both roles refuse alike before any bootstrap (admission_check.py): logprobs and n > 1, each answered
-  within 2 s with a 4xx, both pools back to empty, neither worker unhealthy, and the next request served.
+  stop strings; output logprobs (completions' `logprobs`, chat's `logprobs` / `top_logprobs`): one per output
+  token, the greedy token's the highest of its top entries, the first one computed by D's window step;
+- what both roles refuse alike before any bootstrap (admission_check.py): prompt logprobs (a completion with
+  `echo` and `logprobs`) and n > 1, each answered within 2 s with a 4xx, both pools back to empty, neither
+  worker unhealthy, and the next request served.
 """
 
 from __future__ import annotations
@@ -112,12 +114,53 @@ def _refused_at_once(pair, call) -> Exception:
     return refused.value
 
 
-def test_logprobs_are_refused_by_both_roles_at_once(pair, client):
+def test_openai_output_logprobs_one_per_greedy_token(pair, client):
+    prompt = text_of(300)  # N > W: the first token comes from D's window step
+    sampling = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    status, plain = post(pair["router"].url + "/generate", {"text": prompt, "sampling_params": sampling})
+    assert status == 200 and len(plain["output_ids"]) == 6
+    status, generated = post(pair["router"].url + "/generate", {
+        "text": prompt, "sampling_params": sampling, "return_logprob": True, "top_logprobs_num": 2})
+    assert status == 200 and generated["output_ids"] == plain["output_ids"]
+    entries, tops = generated["meta_info"]["output_token_logprobs"], generated["meta_info"]["output_top_logprobs"]
+    assert [token for _, token, _ in entries] == plain["output_ids"] and len(tops) == 6
+    for (logprob, token, _), top in zip(entries, tops):
+        assert len(top) == 2 and logprob <= 0.0
+        assert top[0][:2] == [logprob, token] and top[1][0] <= logprob  # greedy: the token is its top entry
+
+    done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                     extra_body={"ignore_eos": True})
+    choice = done.choices[0]
+    assert done.usage.completion_tokens == 6 and choice.text == plain["text"]
+    logprobs = choice.logprobs
+    assert logprobs.token_logprobs == [logprob for logprob, _, _ in entries]
+    assert len(logprobs.tokens) == len(logprobs.top_logprobs) == 6 and "".join(logprobs.tokens) == plain["text"]
+    for logprob, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
+        # keyed by token text: two top tokens of the same text (the small tokenizer's '') share one key
+        assert 1 <= len(top) <= 2 and max(top.values()) <= logprob
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, stream=True,
+        extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs is not None]
+    assert [value for chunk in streamed for value in chunk.token_logprobs] == logprobs.token_logprobs
+
+    messages = [{"role": "user", "content": "tell me " * 80}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
+                                           extra_body={"ignore_eos": True}).choices[0].message.content
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
+                                          logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert chat.usage.completion_tokens == 5 and chat.choices[0].message.content == plain
+    assert len(content) == 5 and "".join(entry.token for entry in content) == plain
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.logprob <= 0.0
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+        assert entry.top_logprobs[1].logprob <= entry.logprob
+
+
+def test_prompt_logprobs_are_refused_by_both_roles_at_once(pair, client):
     refused = _refused_at_once(pair, lambda: client.completions.create(
-        model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0, logprobs=2))
-    assert "logprobs are not available in the asymmetric modes" in str(refused)
-    _refused_at_once(pair, lambda: client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=2))
+        model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0, logprobs=2, echo=True))
+    assert "prompt logprobs (logprob_start_len >= 0, or an OpenAI completion with echo and logprobs)" in str(refused)
 
 
 def test_parallel_sampling_is_refused_by_both_roles_at_once(pair, client):

@@ -10,7 +10,9 @@ extend end, cached-token counters) are restored afterwards, so the request leave
 as SGLang's commit left it and continues on SGLang's prebuilt path (see window_step.py).
 The batch either runs as a forward of its own (`run_window_chunks`), or is only turned into a
 ForwardBatch (`window_forward_batch`) whose rows the reference forward runs beside the next decode
-forward's rows, its logits then sampled by SGLang's sampler (`sample_window`).
+forward's rows, its logits then sampled by SGLang's sampler (`sample_window`). Either way the answer is a
+WindowSamples: each chunk's sampled token and the LogitsProcessorOutput it was sampled from, into which
+SGLang's sampler wrote the logprobs a request with `return_logprob` asks for (first_token_logprobs.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ class WindowChunk:
         if not 0 <= self.start < self.end <= tokens:
             raise ValueError(f"request {self.req.rid}: window chunk [{self.start}, {self.end}) is not inside its "
                              f"{tokens} tokens")
+
+
+@dataclass(frozen=True)
+class WindowSamples:
+    """Each chunk's sampled next token (meaningful for a chunk that ends its request's window), in chunk order,
+    and the sampler's LogitsProcessorOutput: row i holds chunk i's logprobs when its batch returns them."""
+
+    tokens: tuple[int, ...]
+    output: Any
 
 
 @contextlib.contextmanager
@@ -87,12 +98,12 @@ def _window_batch(scheduler: Any, chunks: Sequence[WindowChunk]) -> Iterator[Any
                 setattr(req, name, value)
 
 
-def run_window_chunks(scheduler: Any, chunks: Sequence[WindowChunk]) -> list[int]:
-    """Runs the chunks as one EXTEND forward on `scheduler`'s model worker; returns each chunk's
-    sampled next token (meaningful for a chunk that ends its request's prompt)."""
+def run_window_chunks(scheduler: Any, chunks: Sequence[WindowChunk]) -> WindowSamples:
+    """Runs the chunks as one EXTEND forward on `scheduler`'s model worker (through the speculative worker
+    when there is one); returns what its sampler gave."""
     with _window_batch(scheduler, chunks) as batch:
         result = scheduler.model_worker.forward_batch_generation(batch)
-        return [int(t) for t in result.next_token_ids.tolist()]
+        return WindowSamples(tuple(int(t) for t in result.next_token_ids.tolist()), result.logits_output)
 
 
 def window_forward_batch(scheduler: Any, chunks: Sequence[WindowChunk]) -> Any:
@@ -104,9 +115,11 @@ def window_forward_batch(scheduler: Any, chunks: Sequence[WindowChunk]) -> Any:
         return ForwardBatch.init_new(batch, scheduler.model_worker.model_runner, return_hidden_states_before_norm=False)
 
 
-def sample_window(scheduler: Any, forward_batch: Any, logits: torch.Tensor) -> list[int]:
-    """SGLang's sampler over the chunks' last-row logits, with their requests' sampling parameters."""
+def sample_window(scheduler: Any, forward_batch: Any, logits: torch.Tensor) -> WindowSamples:
+    """SGLang's sampler over the chunks' last-row logits, with their requests' sampling parameters (and their
+    logprob requests: the ForwardBatch carries return_logprob and top_logprobs_nums from the requests)."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
     output = LogitsProcessorOutput(next_token_logits=logits.float())
-    return [int(t) for t in scheduler.model_worker.model_runner.sample(output, forward_batch).tolist()]
+    tokens = scheduler.model_worker.model_runner.sample(output, forward_batch)
+    return WindowSamples(tuple(int(t) for t in tokens.tolist()), output)

@@ -7,7 +7,8 @@ Five hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each targ
   DecodePreallocQueue._send_kv_metadata        AROUND  the destinations D sends P are those of the
                                                        prefix B = N - W (destinations.py)
   DecodeTransferQueue._commit_transfer_to_req  AROUND  P's placeholder token (P samples nothing that
-                                                       counts) is dropped; the request is marked
+                                                       counts) is dropped, with the logprob entries
+                                                       the commit appended for it; the request is marked
                                                        "window pending" with its rows [B, N) to run
   Scheduler.get_next_disagg_decode_batch_to_run AROUND after SGLang picked its decode batch, one
                                                        window step: the project's budget policy
@@ -15,7 +16,8 @@ Five hooks on SGLang 0.5.23's PD decode path (hooks.py registers them; each targ
                                                        run and how many rows each, beside that decode
                                                        batch; a request whose window is complete gets
                                                        its first token, as a commit from P would have
-                                                       given it
+                                                       given it, and with return_logprob that token's
+                                                       logprobs (first_token_logprobs.py)
   Scheduler._get_new_prebuilt_batch             AROUND  requests whose window is pending are not
                                                        merged into the running batch yet
 
@@ -44,8 +46,9 @@ from ...sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, 
 from ..cpu_platform.deterministic import deterministic_inference
 from ..shared.request_record import note, request_record
 from ..shared.settings import AsymSettings, settings_of
+from . import first_token_logprobs
 from .transfer_fallback import fallback_of
-from .window_batch import WindowChunk, run_window_chunks, sample_window, window_forward_batch
+from .window_batch import WindowChunk, WindowSamples, run_window_chunks, sample_window, window_forward_batch
 
 log = logging.getLogger(__name__)
 _RAISED_ATTR = "_sglang_asym_budget_raised"  # the scheduler logged the deterministic budget raise once
@@ -235,11 +238,11 @@ def plan_window_step(scheduler: Any, decoding: list[Any], settings: AsymSettings
     return WindowStep(step, tuple(chunks))
 
 
-def finish_step(window_step: WindowStep, tokens: list[int]) -> int:
+def finish_step(window_step: WindowStep, samples: WindowSamples) -> int:
     """Advances each request past its chunk; a request whose window is complete gets its first token, where
-    SGLang's commit puts P's. Returns how many windows completed."""
+    SGLang's commit puts P's, and its logprobs when it asks for them. Returns how many windows completed."""
     completed = 0
-    for chunk, token in zip(window_step.chunks, tokens, strict=True):
+    for row, (chunk, token) in enumerate(zip(window_step.chunks, samples.tokens, strict=True)):
         req = chunk.req
         progress = window_of(req)
         if progress is None or req.finished():  # aborted meanwhile: SGLang's abort path frees it
@@ -247,8 +250,9 @@ def finish_step(window_step: WindowStep, tokens: list[int]) -> int:
         if chunk.end == progress.end:
             note(req, window=None)
             completed += 1
-            if not progress.replayed_token:
+            if not progress.replayed_token:  # a replayed token kept its entries from before the retraction
                 req.output_ids.append(token)
+                first_token_logprobs.record(req, samples.output, row, token)
         else:
             note(req, window=replace(progress, next_row=chunk.end, last_chunk_step=window_step.step))
     return completed

@@ -54,18 +54,6 @@ def prefill_cut_for(cfg: V41Config, settings: AsymSettings, prompt_len: int) -> 
     return PrefillCut(prompt_len, split.boundary)
 
 
-def logprobs_refusal(prompt_len: int, logprob_start_len: int, settings: AsymSettings) -> str:
-    """Why an asymmetric request cannot return logprobs on SGLang's engine: prompt logprobs are computed by
-    no worker (P has no head and stops after the KV path; D computes only the last W prompt rows), and
-    the first output token is sampled by D's window step, which does not record its logprob yet."""
-    if 0 <= logprob_start_len < prompt_len:
-        return (f"sglang-asym: prompt logprobs are not available in the asymmetric modes: the prefill role "
-                f"computes the first N - W prompt tokens without logits and the decode role only the last "
-                f"W={settings.window} of the {prompt_len}")
-    return ("sglang-asym: output logprobs are not available yet in the asymmetric modes inside SGLang's engine "
-            "(the decode role's window step samples the first token without recording its logprob)")
-
-
 def prompt_len_of(req: Any) -> int | None:
     """The prompt length a cut request had before the cut, None for a request never cut."""
     return request_record(req).prompt_len

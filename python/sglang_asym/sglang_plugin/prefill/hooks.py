@@ -11,8 +11,10 @@
   PrefillBootstrapQueue.add AROUND  cuts each fresh request to its first B = N - W tokens (cut.py) before
                                     SGLang checks capacity, creates the KV sender and queues it, and tells
                                     the KV manager the room's split; N <= W is cut to nothing and marked
-                                    zero-compute; logprobs are refused with a 400; every refusal
-                                    here, and SGLang's own intake refusals, reach D (refusal.py)
+                                    zero-compute; prompt logprobs are refused with a 400 (the
+                                    admission check's text; output logprobs pass: D computes every
+                                    output token); every refusal here, and SGLang's own intake
+                                    refusals, reach D (refusal.py)
   PrefillBootstrapQueue.can_prefill_before_bootstrap, .pop_bootstrapped,
   SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
                             AROUND  a zero-compute request concludes its room with one empty send and no
@@ -31,10 +33,11 @@ from typing import Any, Callable
 
 from ...config import V41Config
 from ...split import SplitPlan
+from ..shared.admission_check import PROMPT_LOGPROBS_MESSAGE, asks_prompt_logprobs
 from ..shared.settings import settings_of
 from . import exact_payload, stop, zero
 from . import refusal as refusal_relay
-from .cut import cut_request, logprobs_refusal, prefill_cut_for, prompt_len_of
+from .cut import cut_request, prefill_cut_for, prompt_len_of
 from .cut_hook import install_prefill_cut
 from .model import install_prefill_loading, truncated_construction
 from .role import PrefillRole
@@ -98,8 +101,10 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
         cfg = _model_config(queue.scheduler.model_config.model_path)  # the model this scheduler serves
         n = len(req.origin_input_ids)
         cut = prefill_cut_for(cfg, settings, n)
-        if req.return_logprob:
-            refusal = (HTTPStatus.BAD_REQUEST, logprobs_refusal(n, req.logprob_start_len, settings))
+        if asks_prompt_logprobs(req.return_logprob, req.logprob_start_len, n):
+            # both roles' admission check refuses these first; this covers a request that reached P's scheduler
+            # another way (SGLang sets an output-only start to N before this queue)
+            refusal = (HTTPStatus.BAD_REQUEST, PROMPT_LOGPROBS_MESSAGE)
         else:
             cut_request(req, cut)
             if not cut.runs_forward:
