@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONUNBUFFERED=1 MC_LOG_LEVEL=ERROR
 set +e
-.venv/bin/python -m pytest test -q -p no:cacheprovider -n 2 --dist loadgroup --durations=60 "$@"
+.venv/bin/python -m pytest test -q -p no:cacheprovider -n 2 --dist loadgroup --durations=60 \
+  --junitxml=test-results/junit.xml "$@"  # scripts/suite_time.py sums it per module
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
