@@ -4,13 +4,31 @@ import argparse
 
 import pytest
 
+from sglang_asym.sglang_plugin.shared import cli
 from sglang_asym.sglang_plugin.shared.cli import extend_parser, find_action, translate
-from sglang_asym.sglang_plugin.shared.settings import AsymSettings
+from sglang_asym.sglang_plugin.shared.settings import (CPU_DEFAULT_REQUEST_DEADLINE_S, DEFAULT_REQUEST_DEADLINE_S,
+                                                       AsymSettings)
 from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError
 
 
 def parse(parser, *argv):
     return parser.parse_args(list(argv))
+
+
+@pytest.fixture(autouse=True)
+def _gpu_route(monkeypatch):
+    """The cases below translate as on a GPU server (the settings record's own defaults); the CPU route's one
+    different default, the request deadline, has its own case."""
+    monkeypatch.setattr(cli, "cpu_engine_selected", lambda: False)
+
+
+def test_the_request_deadline_defaults_by_route_and_the_flag_wins(server_parser, v41_checkpoint, monkeypatch):
+    prefill = ("--model-path", str(v41_checkpoint), "--disaggregation-mode", "asym-prefill")
+    assert translate(parse(server_parser, *prefill)).request_deadline_s == DEFAULT_REQUEST_DEADLINE_S == 120.0
+    monkeypatch.setattr(cli, "cpu_engine_selected", lambda: True)  # SGLang's engine on CPU through our platform
+    assert translate(parse(server_parser, *prefill)).request_deadline_s == CPU_DEFAULT_REQUEST_DEADLINE_S == 900.0
+    given = translate(parse(server_parser, *prefill, "--asym-request-deadline-s", "40"))
+    assert given.request_deadline_s == 40.0
 
 
 def test_asym_prefill_defaults_translate_to_prefill(server_parser, v41_checkpoint):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 
 from ...sched.config import DEFAULT_WINDOW_CHUNK
+from ..cpu_platform.engine_mode import cpu_engine_selected
 from .settings import (
     ASYM_MODES,
+    CPU_DEFAULT_REQUEST_DEADLINE_S,
     DEFAULT_REQUEST_DEADLINE_S,
     DEFAULT_SEMANTICS,
     DEFAULT_TOKEN_BUDGET,
@@ -94,8 +96,13 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="Every admitted request ends within this many seconds on each worker of the pair: past it, it is "
         "aborted (its pool slots freed) and the client gets a 503; the PD bootstrap and transfer waits get the "
-        f"same bound (default {DEFAULT_REQUEST_DEADLINE_S:g}).",
+        f"same bound (default {DEFAULT_REQUEST_DEADLINE_S:g}; {CPU_DEFAULT_REQUEST_DEADLINE_S:g} on the CPU route).",
     )
+
+
+def default_request_deadline_s() -> float:
+    """The lifetime bound of a request when --asym-request-deadline-s is not given: longer on the CPU route."""
+    return CPU_DEFAULT_REQUEST_DEADLINE_S if cpu_engine_selected() else DEFAULT_REQUEST_DEADLINE_S
 
 
 def translate(args: argparse.Namespace) -> AsymSettings | None:
@@ -128,7 +135,7 @@ def translate(args: argparse.Namespace) -> AsymSettings | None:
         settings = AsymSettings(mode=mode, window=window, semantics=semantics,
                                 token_budget=DEFAULT_TOKEN_BUDGET if budget is None else budget, window_chunk=chunk,
                                 transfer_fallback="off" if fallback is None else fallback,
-                                request_deadline_s=DEFAULT_REQUEST_DEADLINE_S if deadline is None else deadline)
+                                request_deadline_s=default_request_deadline_s() if deadline is None else deadline)
     except ValueError as exc:  # a value out of range, said in the settings' own words
         raise AsymArgumentError(str(exc).replace("AsymSettings.token_budget", "--asym-token-budget")
                                 .replace("AsymSettings.window_chunk", "--asym-window-chunk")

@@ -28,6 +28,9 @@ SEMANTICS_CHOICES = ("asym-exact-encoder", "asym")
 DEFAULT_SEMANTICS = "asym-exact-encoder"
 DEFAULT_TOKEN_BUDGET = 256  # decode rows + window rows per decode-worker step
 DEFAULT_REQUEST_DEADLINE_S = 120.0  # a request's lifetime on each worker of the pair (admission.py)
+# On the CPU route a forward is 2-3 orders of magnitude slower: a 4097-token prompt beside other servers on a
+# 2-core machine took over 120 s to its last token, so the CPU default leaves room for the longest prompts.
+CPU_DEFAULT_REQUEST_DEADLINE_S = 900.0
 
 
 # Bookkeeping attribute on ServerArgs (underscore names that are not fields stay writable).
