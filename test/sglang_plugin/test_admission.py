@@ -4,6 +4,7 @@ canaries for the SGLang 0.5.23 symbols these hooks rely on."""
 
 import asyncio
 import inspect
+import os
 import types
 
 import pytest
@@ -105,3 +106,14 @@ def test_sglang_side_checks_in_a_fresh_process():
 CHECKS = ("prefill_refuses_beyond_its_limit", "refused_requests_take_no_room",
           "unreachable_prefill_refuses_unless_decode_recomputes",
           "retry_after_header", "deadline_flag", "canaries", "limits_from_the_published_pool")
+
+
+@pytest.mark.parametrize("deadline_s, wait", [(40.0, "40"), (120.0, "120"), (900.0, "300"), (0.2, "1")])
+def test_the_pd_waits_follow_the_deadline_up_to_sglangs_own_default(monkeypatch, deadline_s, wait):
+    for name in admission.DEADLINE_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    admission.environment_defaults(deadline_s)
+    assert [os.environ[name] for name in admission.DEADLINE_ENVS] == [wait, wait]
+    monkeypatch.setenv(admission.DEADLINE_ENVS[0], "7")  # an operator's own value is kept
+    admission.environment_defaults(deadline_s)
+    assert os.environ[admission.DEADLINE_ENVS[0]] == "7"

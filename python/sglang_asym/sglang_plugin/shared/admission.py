@@ -55,6 +55,7 @@ PEER_TIMEOUT_S = 5.0
 ABORT_GRACE_S = 5.0  # how long an aborted request's own finish is awaited before the client is answered
 # The scheduler's PD waits, bounded by the request deadline (an operator's own value is kept).
 DEADLINE_ENVS = ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
+SGLANG_PD_WAIT_S = 300  # SGLang 0.5.23's own default of both waits: a longer deadline does not lengthen them
 
 
 class Overloaded(ValueError):
@@ -130,9 +131,10 @@ def resolved_pool_args(server_args: Any) -> Any:
 
 
 def environment_defaults(deadline_s: float) -> None:
-    """Bounds the scheduler's PD waits by the deadline; set in the launcher before its schedulers start."""
+    """Bounds the scheduler's PD waits by the deadline (never above SGLang's own default); set in the launcher
+    before its schedulers start."""
     for name in DEADLINE_ENVS:
-        os.environ.setdefault(name, str(max(1, math.ceil(deadline_s))))
+        os.environ.setdefault(name, str(max(1, min(math.ceil(deadline_s), SGLANG_PD_WAIT_S))))
 
 
 @dataclass
