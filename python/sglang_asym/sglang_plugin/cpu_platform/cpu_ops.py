@@ -5,7 +5,7 @@ CPU build, replaced op for op by the CPU patches (patches.py); everything around
         The mHC combine of layer L's input (deepseek_v4_mhc._combine) is a Triton kernel. Under Triton's CPU
         interpreter (TRITON_INTERPRET=1) it runs, but it rounds its fp32 sum to bf16 by truncation where a GPU
         rounds to nearest even: about half of the outputs differ by one bf16 unit in the last place (measured
-        on random rows: 8,125 of 16,384; after the RMSNorm, up to 0.03125 on values of magnitude ~4). Here:
+        on random rows: 8,125 of 16,384; after the layer's RMSNorm, 39,752 of 76,800 values, by up to 0.03125). Here:
         the kernel's sum in torch, sum_k pre[m, k] * x[m, k] in fp32 in stream order, rounded once to the
         output dtype (exactly the reference model's collapse).
   DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused               REPLACE  `store_compressed_kv`
@@ -14,8 +14,10 @@ CPU build, replaced op for op by the CPU patches (patches.py); everything around
         "nvcc fatal : Unsupported gpu architecture 'compute_00'". Here: SGLang's own torch rope
         (`dsv41_sparse.rope_tail`, with the freqs SGLang passes) and the pool's row format written by
         PoolRows, the same codec the reference model's caches use. Everything before the store (the
-        compressor's `project` / `finish`, the index keys and their fp4 store `set_index_k_fp4`) is SGLang's
-        `_low_ratio_compress_torch` on CPU.
+        compressor's `project` / `finish`, the index keys and their fp4 store `set_index_k_fp4`, whose Triton
+        quantizer runs under Triton's CPU interpreter) is SGLang's `_low_ratio_compress_torch` on CPU. Its index
+        keys have the reference's values; their bytes differ in one respect: SGLang's quantizer writes a value
+        that rounds to zero as +0 (code 0x0), the reference's mxfp4 packer keeps a negative one's sign (0x8).
   DeepseekV4AttnBackend.init_forward_metadata                       REPLACE  `low_ratio_forward_metadata`
         SGLang's builds FlashMLA / DeepGEMM metadata (CUDA). The low-ratio source writes read only the
         cache-write locations: `core_metadata.raw_out_loc` (the batch's out_cache_loc) and the c1 / c2 slots
