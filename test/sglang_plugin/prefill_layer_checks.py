@@ -5,7 +5,7 @@ fresh process (SGLang's parallel state owns torch.distributed). Prints one line 
     python test/sglang_plugin/prefill_layer_checks.py CHECKPOINT_DIR FORWARD_LOG
 
 SGLang's truncated asym-prefill model is built and loaded from the checkpoint by its own loader with the plugin's
-hooks (P's cut bound), and set up as the CPU platform's `post_load_model` sets it up. Each case runs the same
+hooks (P's cut bound), and set up by the CPU platform's `post_load_model`. Each case runs the same
 ForwardBatches (P's prefix rows [0, B) of each prompt, in SGLang's chunks) twice: through ReferenceForward on one
 pool, and through SGLang's causal-LM forward on a second; then every byte of both pools is compared. Layer L's KV
 path runs SGLang's attention backend (`forward_low_ratio_sources`), the real DeepseekV4AttnBackend method on an
@@ -96,7 +96,7 @@ def main(checkpoint: str, forward_log: str) -> None:
         from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
         from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (RECORDS, ReferenceForward,
                                                                               RequestRecord)
-        from sglang_asym.sglang_plugin.cpu_platform.reference_layer import install_prefill_reference_layers
+        from sglang_asym.sglang_plugin.cpu_platform.platform import AsymCpuPlatform
         from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool
         from sglang_asym.sglang_plugin.shared.pool_rows import PoolRows
 
@@ -111,7 +111,8 @@ def main(checkpoint: str, forward_log: str) -> None:
         with cpu_adjustments():
             default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
                                              torch.device("cpu"))
-        layers = install_prefill_reference_layers(model)  # what the CPU platform's post_load_model does
+        AsymCpuPlatform().post_load_model(model)  # as the model runner calls it after loading
+        layers = model.forward.layers
 
         def new_pool():
             pool = build_kv_pool(cfg, full_tokens=FULL_TOKENS, swa_tokens=FULL_TOKENS, max_reqs=4)
