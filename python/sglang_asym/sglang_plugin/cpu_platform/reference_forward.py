@@ -1,7 +1,8 @@
 """DeepSeek-V4.1's forward inside SGLang's engine on CPU: the project's reference model over SGLang's pool.
 
 `install_reference_forward` runs once the model runner has loaded SGLang's DeepseekV4ForCausalLM
-(the CPU platform's `post_load_model`): it builds the reference model from SGLang's loaded
+(the CPU platform's `post_load_model`, on every server but an asym-prefill one, whose forward is SGLang's own
+model loop with the reference model's blocks as its layers: reference_layer.py): it builds the reference model from SGLang's loaded
 parameters (reference_weights.py) and replaces the instance's `forward`. Each call then:
 1. cuts the ForwardBatch into one segment per request (its tokens, first position, req slot, and
    its prompt length N, which `ForwardBatch.init_new` records from the ScheduleBatch's requests);
