@@ -22,6 +22,9 @@ EXPECTED_TARGETS = {
     "sglang.srt.mem_cache.deepseek_v4_memory_pool.select_dsv4_kv_layout": {"params": []},
     "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend.init_forward_metadata":
         {"params": ["self", "forward_batch"]},
+    "sglang.kernels.ops.layernorm.mhc.mhc_combine": {"params": ["x_flat", "pre", "hc", "out_dtype"]},
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused":
+        {"params": ["self", "layer_id", "loc", "cache_k", "freqs_cis"]},
     "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._snapshot_prefill_shared_reads":
         {"params": ["self", "forward_batch", "num_qo_tokens"]},
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices": {"value": True},

@@ -3,8 +3,8 @@
 computed in this process with the same semantics over the pair's forwards (P's prefill chunks of [0, B), D's
 window chunks of [B, N)); each semantics is one module-scoped pair, started after the other pair stopped:
 - greedy outputs equal the reference's for prompts across the window boundary, one request at a time;
-- P ran layers 0-19 and layer 20's KV path on [0, B) only (asym-exact-encoder: in SGLang's 512-token
-  prefill chunks), and no forward at all for N <= W; D ran
+- P ran layers 0-19 and layer 20's KV path on [0, B) only, through SGLang's own layer loop with P's cut
+  (asym-exact-encoder: in SGLang's 512-token prefill chunks), and no forward at all for N <= W; D ran
   every layer over [B, N) in window chunks of at most 32 rows (the reference forward's log, a test aid);
 - D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps), and
   the bytes P wrote per request (its /metrics counter) are exactly the SplitPlan manifest's;
@@ -134,6 +134,7 @@ def _check_what_each_role_computed(pairs, lengths) -> None:
     p_rows: dict[int, list[tuple[int, int]]] = {}
     for forward in _forwards(pairs, "prefill"):
         assert forward["layers"] == list(range(21)), forward  # the KV path of layer 20 counts as layer 20
+        assert forward["mode"] == "extend-cut", forward  # SGLang's own layer loop with P's cut (reference_layer.py)
         for room, start, end in forward["rows"]:
             if room:  # room 0 / None: the router's health checks run through SGLang's fake transfer
                 p_rows.setdefault(room, []).append((start, end))

@@ -2,7 +2,9 @@
 
   ServerArgs.add_cli_args   AFTER   add the asymmetric modes and --asym-* flags (so --help lists them)
   ServerArgs.from_cli_args  AROUND  refuse a V4.1 checkpoint SGLang's pool cannot hold (shared/servable.py, every
-                                    mode); validate + translate asym-* to prefill/decode, attach AsymSettings
+                                    mode); validate + translate asym-* to prefill/decode, attach AsymSettings;
+                                    on CPU an asym-prefill launcher turns on Triton's CPU interpreter for
+                                    its schedulers (cpu_platform/server_defaults.py)
   prepare_server_args       AROUND  argument errors as argparse-style exits
   runtime_context.publish   AFTER   on CUDA, an asymmetric server's launcher and schedulers refuse the
                                     settings the path does not handle (shared/cuda_guards.py); in a
@@ -53,6 +55,7 @@ from typing import Any, Callable
 from ..config import V41Config
 from .cpu_platform import import_gaps as cpu_import_gaps
 from .cpu_platform.engine_mode import CHILD_FLAG, cpu_engine_selected
+from .cpu_platform.server_defaults import prefill_environment
 from .cpu_platform.startup import STARTUP_GAPS
 from .decode.hooks import HOOKS as DECODE_HOOKS
 from .prefill import exact_payload
@@ -93,6 +96,7 @@ def around_from_cli_args(original: Callable, cls: type, args: Any) -> Any:
     if settings is not None:
         attach(server_args, settings)
         admission.environment_defaults(settings.request_deadline_s)
+        prefill_environment(settings)
         liveness_health_default()
     return server_args
 

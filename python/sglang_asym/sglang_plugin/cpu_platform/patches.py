@@ -23,8 +23,13 @@ Scheduler:
                         platform: it is plain torch tensors on "cpu" (every other refusal stays)
   deepseek_v4_memory_pool.select_dsv4_kv_layout  REPLACE  the pool layout: SGLANG_DSV4_KV_LAYOUT=v4 or
                         v41; `auto` (the default) takes v41, what SGLang picks on a B300 (SM103)
-  DeepseekV4AttnBackend.init_forward_metadata    REPLACE  no FlashMLA / DeepGEMM metadata: the reference
-                        forward reads the pool through ForwardBatch itself
+  DeepseekV4AttnBackend.init_forward_metadata    REPLACE  no FlashMLA / DeepGEMM metadata, only the cache-write
+                        locations P's layer-L KV writes read (cpu_ops.py); the reference forward and the
+                        reference layers read the pool through ForwardBatch themselves
+  layernorm.mhc.mhc_combine                      REPLACE  the mHC combine in torch (cpu_ops.py): SGLang's Triton
+                        kernel, under Triton's CPU interpreter, truncates where a GPU rounds to nearest
+  DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused  REPLACE  the compressed-KV store of P's layer L in
+                        torch (cpu_ops.py): SGLang's is a JIT-CUDA kernel that does not build without CUDA
   DeepseekV4AttnBackend._snapshot_prefill_shared_reads  REPLACE  the base backend's (nothing to snapshot)
   MooncakeKVSender.supports_host_tensor_indices  ATTRIBUTE False: P's send path would pin host memory
                         and record a torch.cuda.Event for indices that are already on the host
@@ -162,9 +167,22 @@ def around_reject_out_of_tree_path(original: Callable, platform: Any, *, subsyst
     return original(platform, subsystem=subsystem)
 
 
-def no_forward_metadata(backend: Any, forward_batch: Any) -> None:
-    backend.forward_metadata = None
-    backend.tail_forward_metadata = None
+def _low_ratio_forward_metadata(backend: Any, forward_batch: Any) -> None:
+    from .cpu_ops import low_ratio_forward_metadata
+
+    low_ratio_forward_metadata(backend, forward_batch)
+
+
+def _combine_in_torch(*args: Any, **kwargs: Any) -> Any:
+    from .cpu_ops import combine_in_torch
+
+    return combine_in_torch(*args, **kwargs)
+
+
+def _store_compressed_kv(*args: Any, **kwargs: Any) -> None:
+    from .cpu_ops import store_compressed_kv
+
+    store_compressed_kv(*args, **kwargs)
 
 
 def base_snapshot_prefill_shared_reads(backend: Any, forward_batch: Any, *, num_qo_tokens: int) -> Any:
@@ -236,8 +254,12 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
              around_reject_out_of_tree_path, "build the DeepSeek-V4 pool on CPU"),
     CpuPatch(f"{MEMORY_POOL}.select_dsv4_kv_layout", "REPLACE", select_cpu_kv_layout,
              "v41 (B300's choice) or v4 by SGLANG_DSV4_KV_LAYOUT"),
-    CpuPatch(f"{ATTN_BACKEND}.init_forward_metadata", "REPLACE", no_forward_metadata,
-             "no FlashMLA / DeepGEMM metadata"),
+    CpuPatch(f"{ATTN_BACKEND}.init_forward_metadata", "REPLACE", _low_ratio_forward_metadata,
+             "only the cache-write locations of P's layer-L KV writes"),
+    CpuPatch("sglang.kernels.ops.layernorm.mhc.mhc_combine", "REPLACE", _combine_in_torch,
+             "the mHC combine, rounded as on a GPU"),
+    CpuPatch(f"{MEMORY_POOL}.DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused", "REPLACE", _store_compressed_kv,
+             "the compressed-KV store without its JIT-CUDA kernel"),
     CpuPatch(f"{ATTN_BACKEND}._snapshot_prefill_shared_reads", "REPLACE", base_snapshot_prefill_shared_reads,
              "nothing to snapshot"),
     CpuPatch("sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", "ATTRIBUTE",

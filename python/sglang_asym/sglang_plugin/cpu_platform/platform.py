@@ -9,8 +9,10 @@ tokenizer manager, detokenizer and HTTP server then run on CPU, torch-native whe
 asked, with no Triton and no device graphs. Being out of tree is what keeps SGLang from reaching for
 its CUDA fallback kernels (`vllm._custom_ops` in the rotary embedding, the sgl-kernel CPU ops of its
 in-tree CPU engine). What the platform cannot decline through its own interface is patched in
-`patches.py`; DeepSeek-V4.1's forward is the project's reference model (`reference_forward.py`),
-installed by `post_load_model`. `--speculative-algorithm DSPARK` runs the platform's speculative worker
+`patches.py`. `post_load_model` sets up DeepSeek-V4.1's forward: on an asym-prefill server SGLang's own
+model loop with P's cut runs, the project's reference model computing each decoder layer
+(`reference_layer.py`); on every other server the reference model over SGLang's pool replaces the
+forward (`reference_forward.py`). `--speculative-algorithm DSPARK` runs the platform's speculative worker
 (dspark_worker.py) with torch slot-table helpers (spec_slots.py).
 """
 
@@ -77,6 +79,13 @@ class AsymCpuPlatform(CpuDeviceMixin, SRTPlatform):
         return speculative_cache_locs
 
     def post_load_model(self, model: torch.nn.Module) -> None:
+        from ..prefill.cut_hook import cut_of
+
+        if cut_of(model) is not None:  # asym-prefill: SGLang's own loop with P's cut, reference layers inside
+            from .reference_layer import install_prefill_reference_layers
+
+            install_prefill_reference_layers(model)
+            return
         from .reference_forward import install_reference_forward
 
         install_reference_forward(model)

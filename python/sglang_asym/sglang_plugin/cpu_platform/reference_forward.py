@@ -1,7 +1,8 @@
 """DeepSeek-V4.1's forward inside SGLang's engine on CPU: the project's reference model over SGLang's pool.
 
 `install_reference_forward` runs once the model runner has loaded SGLang's DeepseekV4ForCausalLM
-(the CPU platform's `post_load_model`): it builds the reference model from SGLang's loaded
+(the CPU platform's `post_load_model`, on every server but an asym-prefill one, whose forward is SGLang's own
+model loop with the reference model's blocks as its layers: reference_layer.py): it builds the reference model from SGLang's loaded
 parameters (reference_weights.py) and replaces the instance's `forward`. Each call then:
 1. cuts the ForwardBatch into one segment per request (its tokens, first position, req slot, and
    its prompt length N, which `ForwardBatch.init_new` records from the ScheduleBatch's requests);
@@ -38,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ...cache import CacheSet, CacheSizing, RequestCache, index_group, kv_group, swa_group
+from ...cache import CacheSet, CacheSizing, RequestCache
 from ...config import V41Config
 from ...model.model import SegmentInput, V41Model
 from ...sched.config import chunk_rows_for
@@ -48,6 +49,7 @@ from .kv_layout import cpu_kv_layout_name
 from ..shared.kv_pool import row_format_of_layout
 from ..shared.pool_rows import PoolRows
 from ..prefill.cut import prompt_len_of
+from . import pool_cache
 from .reference_weights import reference_model_from_sglang
 
 log = logging.getLogger(__name__)
@@ -355,51 +357,43 @@ class ReferenceForward:
 
     def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int]) -> RequestCache:
         """A throwaway reference cache holding what the pool holds for `r` before its rows."""
-        cfg, dtype, rows = self.cfg, self.model.dtype, self.rows
+        dtype, rows = self.model.dtype, self.rows
         cache = caches.new_request()
-        first_window = max(0, r.start - self.window + 1)
         for layer in self.swa_layers:
-            cache.start_swa_at(layer, first_window)
-            cache.rows(swa_group(layer)).append(rows.read_window(layer, r.req, first_window, r.start, dtype))
-        for owner, ratio in rows.ratio.items():
-            n = r.start // ratio
-            cache.rows(kv_group(owner)).append(rows.read_compressed("kv", owner, r.req, n, dtype))
-            cache.rows(index_group(owner)).append(rows.read_compressed("index", owner, r.req, n, dtype))
-            if ratio == 2 and r.start % 2:
-                cache.set_tail(owner, rows.read_tail(owner, r.req, r.start - 1))
+            pool_cache.load_window(rows, cache, layer, r.req, r.start, self.window, dtype)
+        for owner in rows.ratio:
+            pool_cache.load_compressed(rows, cache, owner, r.req, r.start, dtype)
         cache.swa_floor.update(floors)
         cache.pos = r.start
         return cache
 
     def _store(self, cache: RequestCache, r: RequestRows) -> None:
         """The rows the forward added for `r`, written to the pool at the request's slots."""
-        rows = self.rows
         for layer in self.swa_layers:
-            # a long chunk keeps only its last window (attention drops the rest): no later query reads those
-            window = cache.rows(swa_group(layer))
-            kept = max(r.start, window.start)
-            rows.write_window(layer, r.req, kept, window.read(kept, r.end))
-        for owner, ratio in rows.ratio.items():
-            first, last = r.start // ratio, r.end // ratio
-            rows.write_compressed("kv", owner, r.req, first, cache.rows(kv_group(owner)).read(first, last))
-            rows.write_compressed("index", owner, r.req, first, cache.rows(index_group(owner)).read(first, last))
-            if ratio == 2 and r.verify:
-                # the accepted length is known only after this forward: each odd one, s < keep <= end, needs
-                # its pending token keep - 1 in the ring (a speculating server's ring has a row for each)
-                for token in range(r.start + r.start % 2, r.end, 2):
-                    rows.write_tail(owner, r.req, token, cache.pair_input(owner, token))
-            elif ratio == 2 and r.end % 2:
-                rows.write_tail(owner, r.req, r.end - 1, cache.tail(owner))
+            pool_cache.store_window(self.rows, cache, layer, r.req, r.start, r.end)
+        for owner in self.rows.ratio:
+            pool_cache.store_compressed(self.rows, cache, owner, r.req, r.start, r.end, r.verify)
 
 
-def install_reference_forward(sglang_model: torch.nn.Module) -> None:
-    """Builds the reference model from SGLang's loaded V4.1 model and makes it the model's forward.
-    Other architectures are left alone."""
+@dataclass(frozen=True)
+class ReferenceSetup:
+    """The reference model built from SGLang's loaded V4.1 model, and how this server runs it."""
+
+    model: V41Model
+    semantics: Semantics
+    deterministic: bool
+    split: WindowSplit
+
+
+def reference_setup(sglang_model: torch.nn.Module) -> ReferenceSetup | None:
+    """The reference model of this server's role (the prefill role's for SGLang's truncated asym-prefill model)
+    from SGLang's loaded parameters, with the server's semantics, determinism and window split; None for
+    another architecture."""
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
     from sglang.srt.runtime_context import get_server_args
 
     if not isinstance(sglang_model, DeepseekV4ForCausalLM):
-        return
+        return None
     from ..prefill.model import role_of
     from ..shared.settings import settings_of
 
@@ -412,12 +406,21 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
     reference = reference_model_from_sglang(sglang_model, cfg, model_path, cache_quant=cache_quant, role=role)
     settings = settings_of(server_args)
     semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
-    deterministic = bool(server_args.enable_deterministic_inference)
-    split = WindowSplit.of(settings, cfg)
-    sglang_model.forward = _LazyPoolBinding(reference, semantics, deterministic, split)
+    return ReferenceSetup(reference, semantics, bool(server_args.enable_deterministic_inference),
+                          WindowSplit.of(settings, cfg))
+
+
+def install_reference_forward(sglang_model: torch.nn.Module) -> None:
+    """Builds the reference model from SGLang's loaded V4.1 model and makes it the model's forward.
+    Other architectures are left alone."""
+    setup = reference_setup(sglang_model)
+    if setup is None:
+        return
+    sglang_model.forward = _LazyPoolBinding(setup.model, setup.semantics, setup.deterministic, setup.split)
     log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches, W %d in %d-row chunks) runs the reference "
-             "forward over SGLang's pool on CPU", role, semantics.value, ", deterministic" if deterministic else "",
-             cache_quant, split.window, split.chunk)
+             "forward over SGLang's pool on CPU", setup.model.role, setup.semantics.value,
+             ", deterministic" if setup.deterministic else "", setup.model.quant.mode, setup.split.window,
+             setup.split.chunk)
 
 
 class _LazyPoolBinding:

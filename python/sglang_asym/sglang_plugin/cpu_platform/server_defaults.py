@@ -23,6 +23,12 @@ and one environment default (an environment value the user set is kept):
                                            closes them after SGLang's 5 s races the router's next use
                                            of one, and the router answers 502 "error sending request"
                                            (seen once in CI between two requests about 5 s apart)
+and, on an asym-prefill server only (`prefill_environment`, from the launcher once its role is known):
+  TRITON_INTERPRET                         1: P's forward runs SGLang's own model loop (reference_layer.py),
+                                           and on it one Triton kernel, the fp4 index-key quantizer of
+                                           the pool's `set_index_k_fp4` (layer L's KV path), runs under
+                                           Triton's CPU interpreter; the scheduler processes the launcher
+                                           spawns import SGLang's kernels with it set
 """
 
 from __future__ import annotations
@@ -49,3 +55,15 @@ def apply_cpu_defaults(server_args: Any) -> None:
     server_args.disable_radix_cache = True
     server_args.sleep_on_idle = True
     os.environ.setdefault("SGLANG_TIMEOUT_KEEP_ALIVE", str(HTTP_KEEP_ALIVE_S))
+
+
+TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
+
+
+def prefill_environment(settings: Any) -> None:
+    """The launcher of an asym-prefill server on the CPU engine, once its AsymSettings are attached: Triton's CPU
+    interpreter for the scheduler processes it spawns (see above). Any other server is left alone."""
+    from .engine_mode import cpu_engine_selected
+
+    if settings is not None and settings.is_prefill and cpu_engine_selected():
+        os.environ.setdefault(TRITON_INTERPRET_ENV, "1")

@@ -31,6 +31,7 @@ from ..shared.pool_dump import log_forward
 from .role import PrefillRole
 
 CUT_ATTR = "_sglang_asym_prefill_cut"
+ROOMS_ATTR = "_sglang_asym_room_of"
 CUT_MODE = "extend-cut"  # the forward log's mode for P's cut: layers 0..L-1 whole, layer L's KV path only
 
 
@@ -55,17 +56,25 @@ def cut_of(model: Any) -> PrefillRole | None:
     return getattr(model, CUT_ATTR, None)
 
 
-def _request_rows(positions: torch.Tensor, forward_batch: Any) -> list[tuple[None, int, int]]:
-    """(room, start, end) per request of an extend batch, for the forward log (rooms are not known here)."""
+def set_room_lookup(causal_lm: Any, room_of: Callable[[int], int | None]) -> None:
+    """Names each request's bootstrap room in the forward log, where this process knows it by req slot (the CPU
+    engine's schedule records); elsewhere the log's rooms stay None."""
+    setattr(causal_lm.model, ROOMS_ATTR, room_of)
+
+
+def _request_rows(positions: torch.Tensor, forward_batch: Any,
+                  room_of: Callable[[int], int | None] | None) -> list[tuple[int | None, int, int]]:
+    """(room, start, end) per request of an extend batch, for the forward log."""
     lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
     if not lens:
         return []
+    slots = forward_batch.req_pool_indices.tolist() if room_of is not None else [None] * len(lens)
     out, at = [], 0
-    for n in lens:
+    for n, slot in zip(lens, slots):
         n = int(n)
         if n:
             start = int(positions[at])
-            out.append((None, start, start + n))
+            out.append((None if slot is None else room_of(int(slot)), start, start + n))
         at += n
     return out
 
@@ -104,7 +113,8 @@ def cut_layer_loop(model: Any, role: PrefillRole) -> Callable[..., Any]:
             raise PrefillCutError("SGLang's layer loop returned no mHC pre weights: the pinned SGLang changed")
         write_last_source_kv(model, last, residual, pre, positions, forward_batch)
         log_forward("prefill", CUT_MODE, [*range(model.start_layer, last), last],
-                    _request_rows(positions, forward_batch), time.perf_counter() - started)
+                    _request_rows(positions, forward_batch, getattr(model, ROOMS_ATTR, None)),
+                    time.perf_counter() - started)
         return residual, pre, None
 
     return loop

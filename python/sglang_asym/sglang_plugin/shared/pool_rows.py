@@ -89,7 +89,11 @@ class PoolRows:
 
     def _compressed_offsets(self, owner: int, kind: str, req: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ratio = self.ratio[owner]
-        loc = self.req_to_token[req, rows * ratio].long() // ratio
+        return self._slot_offsets(owner, kind, self.req_to_token[req, rows * ratio].long() // ratio)
+
+    def _slot_offsets(self, owner: int, kind: str, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Byte offsets of the data and scales of compressed slots `loc` of owner's `kind` buffer."""
+        ratio = self.ratio[owner]
         if kind == "kv":
             kv = self.pool.kv_pools[ratio]
             page, slot = loc // kv.page_size, loc % kv.page_size
@@ -162,6 +166,16 @@ class PoolRows:
             return
         place = (self._kv if kind == "kv" else self._index)[owner]
         d_off, s_off = self._compressed_offsets(owner, kind, req, torch.arange(first_row, first_row + values.shape[0]))
+        self._scatter(place.buffer, d_off, s_off, place.fmt.pack_rows(values.float()), place.data_bytes,
+                      place.scale_bytes)
+
+    def write_compressed_slots(self, kind: str, owner: int, loc: torch.Tensor, values: torch.Tensor) -> None:
+        """Owner's compressed rows (`kind` 'kv') or index keys ('index') at SGLang's compressed slots `loc`
+        (what its pool's stores take: slot req_to_token[r, j * ratio] // ratio of row j)."""
+        if values.shape[0] == 0:
+            return
+        place = (self._kv if kind == "kv" else self._index)[owner]
+        d_off, s_off = self._slot_offsets(owner, kind, loc.long())
         self._scatter(place.buffer, d_off, s_off, place.fmt.pack_rows(values.float()), place.data_bytes,
                       place.scale_bytes)
 

@@ -1,0 +1,107 @@
+"""The three SGLang ops on P's forward (asym-prefill: SGLang's own layer loop, prefill/cut_hook.py) that have no
+CPU build, replaced op for op by the CPU patches (patches.py); everything around them is SGLang's.
+
+  sglang.kernels.ops.layernorm.mhc.mhc_combine                      REPLACE  `combine_in_torch`
+        The mHC combine of layer L's input (deepseek_v4_mhc._combine) is a Triton kernel. Under Triton's CPU
+        interpreter (TRITON_INTERPRET=1) it runs, but it rounds its fp32 sum to bf16 by truncation where a GPU
+        rounds to nearest even: about half of the outputs differ by one bf16 unit in the last place (measured
+        on random rows: 8,125 of 16,384; after the layer's RMSNorm, 39,752 of 76,800 values, by up to 0.03125). Here:
+        the kernel's sum in torch, sum_k pre[m, k] * x[m, k] in fp32 in stream order, rounded once to the
+        output dtype (exactly the reference model's collapse).
+  DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused               REPLACE  `store_compressed_kv`
+        Layer L's compressed-KV store (`_low_ratio_write_group` of the attention backend) is the JIT-CUDA
+        `fused_store_cache` (sglang/kernels/ops/attention/dsv4/attn.py); on a CPU machine its build fails:
+        "nvcc fatal : Unsupported gpu architecture 'compute_00'". Here: SGLang's own torch rope
+        (`dsv41_sparse.rope_tail`, with the freqs SGLang passes) and the pool's row format written by
+        PoolRows, the same codec the reference model's caches use. Everything before the store (the
+        compressor's `project` / `finish`, the index keys and their fp4 store `set_index_k_fp4`, whose Triton
+        quantizer runs under Triton's CPU interpreter) is SGLang's `_low_ratio_compress_torch` on CPU. Its index
+        keys have the reference's values; their bytes differ in one respect: SGLang's quantizer writes a value
+        that rounds to zero as +0 (code 0x0), the reference's mxfp4 packer keeps a negative one's sign (0x8).
+  DeepseekV4AttnBackend.init_forward_metadata                       REPLACE  `low_ratio_forward_metadata`
+        SGLang's builds FlashMLA / DeepGEMM metadata (CUDA). The low-ratio source writes read only the
+        cache-write locations: `core_metadata.raw_out_loc` (the batch's out_cache_loc) and the c1 / c2 slots
+        SGLang's own `_low_ratio_compression_metadata` derives from it and each row's causal length.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...config import V41Config
+from ...model.quant import Quantizer
+
+
+def combine_in_torch(x_flat: torch.Tensor, pre: torch.Tensor, hc: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """y[m, h] = sum_k pre[m, k] * x_flat[m, k * H + h], summed in fp32 in stream order, rounded once."""
+    streams = x_flat.unflatten(1, (hc, -1)).float()
+    acc = pre[:, 0, None].float() * streams[:, 0]
+    for k in range(1, hc):
+        acc = acc + pre[:, k, None].float() * streams[:, k]
+    return acc.to(out_dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _model_config(model_path: str) -> V41Config:
+    return V41Config.from_json_file(model_path)
+
+
+def served_config() -> V41Config:
+    """The V4.1 config of the model this SGLang process serves."""
+    from sglang.srt.runtime_context import get_server_args
+
+    return _model_config(get_server_args().model_path)
+
+
+def store_compressed_kv(pool: Any, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor,
+                        freqs_cis: torch.Tensor | None = None) -> None:
+    """Replaces DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused: `cache_k` [n, head_dim] rows of owner
+    `layer_id` into its compressed pool at slots `loc`, roped first when `freqs_cis` is given (an fp4 pool
+    takes the un-rotated latent), quantized as the pool stores its rows."""
+    from sglang.srt.layers.attention.dsv4.dsv41_sparse import rope_tail
+
+    from ..shared.pool_rows import PoolRows
+
+    cfg = served_config()
+    rows = PoolRows(pool, torch.empty(0, 0, dtype=torch.int32), cfg)  # slot writes read no req_to_token
+    if freqs_cis is not None:
+        cache_k = rope_tail(cache_k, freqs_cis, cfg.qk_rope_head_dim)
+    quant = Quantizer(rows.row_format, rope_channels=cfg.qk_rope_head_dim)
+    rows.write_compressed_slots("kv", layer_id, loc, quant.main_kv(cache_k))
+
+
+@dataclass(frozen=True)
+class LowRatioWrites:
+    """The cache-write locations of one forward, as SGLang's DSV4AttnMetadata names them."""
+
+    raw_out_loc: torch.Tensor  # [rows] the batch's out_cache_loc
+    c1_out_loc: torch.Tensor  # [rows] ratio-1 compressed slot of each row
+    c2_out_loc: torch.Tensor  # [rows] ratio-2 compressed slot of each row that completes a pair, else -1
+
+
+@dataclass(frozen=True)
+class CpuForwardMetadata:
+    """What the attention backend's low-ratio source writes read of `forward_metadata` on CPU."""
+
+    core_metadata: LowRatioWrites
+
+
+def low_ratio_forward_metadata(backend: Any, forward_batch: Any) -> None:
+    """Replaces DeepseekV4AttnBackend.init_forward_metadata: the write locations of a plain extend batch (the
+    only forward that reaches SGLang's attention backend on CPU: P's layer-L KV writes); nothing otherwise."""
+    from sglang.srt.layers.attention.deepseek_v4_backend import _low_ratio_compression_metadata
+
+    backend.tail_forward_metadata = None
+    mode = forward_batch.forward_mode
+    if mode.is_idle() or not mode.is_extend_without_speculative():
+        backend.forward_metadata = None
+        return
+    raw = forward_batch.out_cache_loc
+    causal_lens = forward_batch.positions[: raw.shape[0]].to(torch.int64) + 1
+    c1, _ = _low_ratio_compression_metadata(1, causal_lens, raw)
+    c2, _ = _low_ratio_compression_metadata(2, causal_lens, raw)
+    backend.forward_metadata = CpuForwardMetadata(LowRatioWrites(raw, c1, c2))
