@@ -4,6 +4,9 @@
 #   GPU_CHECK_PYTHON=.venv-gpu/bin/python bash scripts/gpu_check.sh      # .github/workflows/gpu.yml runs it
 #
 # 1. environment: the GPU, torch's CUDA build, SGLang's version;
+# 1b. the planner's calibration (python -m sglang_asym.plan.calibrate, torch only, so it runs before the SGLang
+#    check): achieved HBM bandwidth and BF16 GEMM FLOP/s over the GPU's table peaks, written to
+#    $LOGS/calibration.json for $SGLANG_ASYM_PLAN_CALIBRATION (README, "Sizing GPU pools");
 # 2. the plugin's CUDA launch guards against SGLang's own ServerArgs records on this machine
 #    (test/sglang_plugin/test_cuda_guards.py): what the asymmetric servers refuse on CUDA, and why;
 # 3. P's cut inside SGLang's DeepseekV4Model loop (test/sglang_plugin/test_prefill_cut_hook.py): the loop
@@ -26,6 +29,11 @@ if ! "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch._
   echo "gpu_check: $PY has no usable CUDA device; nothing to check here" >&2
   exit 2
 fi
+# the GPU's name is read from torch and mapped to the planner's table; a part the table lacks writes no file
+timeout "$TEST_TIMEOUT" "$PY" -m sglang_asym.plan.calibrate --device cuda --gpu auto --out "$LOGS/calibration.json" \
+  2>&1 | tee "$LOGS/calibration.log"
+calibrate_rc=${PIPESTATUS[0]}
+echo "gpu_check: calibration rc=$calibrate_rc"
 if ! "$PY" -c 'import sglang; print("sglang", sglang.__version__)' 2>&1 | tee -a "$LOGS/gpu_env.log"; then
   echo "gpu_check: $PY has no SGLang; install the gpu extra first (README, GPU server)" >&2
   exit 2
@@ -35,4 +43,5 @@ timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=1
   test/sglang_plugin/test_cuda_guards.py test/sglang_plugin/test_prefill_cut_hook.py 2>&1 | tee "$LOGS/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 echo "gpu_check: tests rc=$rc"
+[ "$rc" -eq 0 ] && rc=$calibrate_rc
 exit "$rc"

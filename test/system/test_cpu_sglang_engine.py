@@ -8,6 +8,10 @@ of SGLang's v41 pool, over exactly SGLang's chunks: the reference model is not c
   over Mooncake behind sglang-router and smg, give the reference's greedy tokens for N in {1, 127, 128,
   129, 130, 600, 1500}, one request at a time, and after each of the pair's transfers D's pool holds P's
   rows byte for byte;
+- P runs SGLang's default bounded replay (its forward log: layers 0-19 and layer 20's KV path on [0, B), every
+  layer on [B, N) in 32-row chunks) and `null` the old full compute (SGLANG_ASYM_FULL_COMPUTE=1: every layer on
+  [0, B)), with the same greedy tokens; for N <= 640 those are also the asym-exact-encoder pair's (the tokens
+  test_cpu_sglang_engine_asym.py's pair is held to: its reference over P's 512-token chunks);
 - with a chunked-prefill size below the prompt, the reference over those chunks;
 - 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
   serving; a kept-alive connection outlives SGLang's 5 s default; aborted requests, and requests SGLang
@@ -28,14 +32,20 @@ from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together,
-                             metric_sum, patient_router, prompt_of, reference_greedy_over_chunks, restore, settle,
-                             sglang_server)
+from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
+from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
+
+from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, equal_pool_dumps, forward_log, greedy,
+                             greedy_together, metric_sum, patient_router, prompt_of, reference_greedy_over_chunks,
+                             reference_tokens, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
 
 LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
 SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
+WINDOW, WINDOW_CHUNK = 128, 32
+EARLY, EVERY = list(range(21)), list(range(40))  # layers 0-19 and layer 20's KV path; all 40
+ASYM_PREFILL_CHUNK = 512  # the asym-exact-encoder pair's P chunk (test_cpu_sglang_engine_asym.py)
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +57,18 @@ def dumps(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def engines(sglang_checkpoint, dumps, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_engine_logs")
-    dump_env = {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
+    dump_env = {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps), FORWARD_LOG_ENV: str(logs / "prefill.jsonl")}
     servers = {
-        "null": sglang_server("null", sglang_checkpoint, logs),
+        # the labelled old baseline: every prompt row through every layer (bounded replay off)
+        "null": sglang_server("null", sglang_checkpoint, logs,
+                              env={FULL_COMPUTE_ENV: "1", FORWARD_LOG_ENV: str(logs / "null.jsonl")}),
         "null_small_chunks": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK),
                                            env=RETRACT_ENV),
         "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=dump_env),
         "decode": sglang_server("decode", sglang_checkpoint, logs, env={**dump_env, **RETRACT_ENV}),
     }
     with serving(servers, timeout_s=600):
+        servers["logs"] = logs
         yield servers
 
 
@@ -72,9 +85,31 @@ def reference(checkpoint: Path, n: int) -> list[int]:
     return reference_greedy_over_chunks(checkpoint, prompt_of(n), ONE_CHUNK)
 
 
+def passes(n: int, room: int | None, bounded: bool) -> list[dict]:
+    """The model passes of one prompt of N tokens in one extend forward (the forward log's `pieces`): [0, B) up to
+    layer 20's KV path (bounded replay) or through every layer (full compute), then [B, N) through every layer
+    in the window's 32-row chunks."""
+    boundary = max(n - WINDOW, 0)
+    prefix = [{"layers": EARLY if bounded else EVERY, "rows": [[room, 0, boundary]]}] if boundary else []
+    return prefix + [{"layers": EVERY, "rows": [[room, s, min(s + WINDOW_CHUNK, n)]]}
+                     for s in range(boundary, n, WINDOW_CHUNK)]
+
+
+def prompt_passes(path: Path) -> dict[int, list[list[dict]]]:
+    """Each whole-prompt extend forward of one request in a forward log: its passes, by prompt length."""
+    out: dict[int, list[list[dict]]] = {}
+    for line in forward_log(path):
+        if line["mode"] == "extend" and len(line["rows"]) == 1 and line["rows"][0][1] == 0:
+            room, _, n = line["rows"][0]
+            out.setdefault(n, []).append(line["pieces"])
+            assert line["pieces"] == passes(n, room, bounded="null" not in path.name), line
+    return out
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 def test_null_equals_the_reference(engines, sglang_checkpoint, n):
     assert greedy(engines["null"].url, prompt_of(n)) == reference(sglang_checkpoint, n)
+    assert n in prompt_passes(engines["logs"] / "null.jsonl")  # full compute: every layer on [0, B) too
 
 
 @pytest.mark.parametrize("flavor, lengths", [(RouterFlavor.SGLANG_ROUTER, LENGTHS), (RouterFlavor.SMG, (1, 129, 600))],
@@ -88,7 +123,13 @@ def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_che
         old.unlink()
     with patient_router(engines["prefill"], engines["decode"], flavor) as router:
         for n in lengths:
-            assert greedy(router.url, prompt_of(n)) == reference(sglang_checkpoint, n), f"N={n}"
+            got = greedy(router.url, prompt_of(n))
+            assert got == reference(sglang_checkpoint, n), f"N={n}"
+            if n <= ASYM_PREFILL_CHUNK + WINDOW:  # the asym pair's P computes [0, B) in one chunk too
+                assert got == list(reference_tokens(sglang_checkpoint, tuple(prompt_of(n)), ASYM_PREFILL_CHUNK,
+                                                    "release", "asym-exact-encoder")), f"N={n}"
+    # P ran SGLang's bounded replay: layers >= 20 only on the last W rows of each prompt
+    assert set(lengths) <= set(prompt_passes(engines["logs"] / "prefill.jsonl"))
     seen_lengths = []
     for n, p in equal_pool_dumps(dumps, len(lengths)):
         seen_lengths.append(n)

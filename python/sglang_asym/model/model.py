@@ -160,18 +160,29 @@ class V41Model(nn.Module):
         """Bounded replay's prefix pass on the full model: the layers before the last KV source on every row,
         then that layer's compressed rows and index keys only (no attention output, no FFN); the layers from
         the last KV source on keep no window rows below the chunk's end (their window starts there)."""
-        if self.role != "full":
-            raise ValueError("forward_to_kv_source needs the full model (the prefill role always stops there)")
-        late = range(self.plan.last_kv_source, self.cfg.num_hidden_layers)
-        if any(len(cache.groups.get(swa_group(layer), ())) for layer in late):  # checked before any cache changes
-            raise RuntimeError(f"{swa_group(late[0])}.. already holds rows: a bounded-replay prefix pass must precede "
-                               "every full forward of the request")
         try:
-            self._run_rows([SegmentInput(tokens, cache, "none")], stop_at_kv_source=True)
+            self.forward_batch_to_kv_source([SegmentInput(tokens, cache, "none")])
         except InvalidSegment as exc:
             raise exc.error from None
-        for layer in late:
-            cache.start_swa_at(layer, cache.pos)
+
+    @torch.no_grad()
+    def forward_batch_to_kv_source(self, inputs: Sequence[SegmentInput]) -> None:
+        """`forward_to_kv_source` for several requests' chunks in one pass (their rows batched as `forward_batch`
+        batches them; with `deterministic`, a pass each). Every input is checked before any cache changes
+        (InvalidSegment names the first that cannot run)."""
+        if self.role != "full":
+            raise ValueError("forward_to_kv_source needs the full model (the prefill role always stops there)")
+        self._check_batch(inputs)
+        late = range(self.plan.last_kv_source, self.cfg.num_hidden_layers)
+        for i, item in enumerate(inputs):
+            if any(len(item.cache.groups.get(swa_group(layer), ())) for layer in late):
+                raise InvalidSegment(i, RuntimeError(f"{swa_group(late[0])}.. already holds rows: a bounded-replay "
+                                                     "prefix pass must precede every full forward of the request"))
+        for group in ([[item] for item in inputs] if self.deterministic else [inputs]):
+            self._run_rows(group, stop_at_kv_source=True)
+        for item in inputs:
+            for layer in late:
+                item.cache.start_swa_at(layer, item.cache.pos)
 
     def run_batch(self, inputs: Sequence[SegmentInput]) -> list[SegmentOutput]:
         """`forward_batch` without its no_grad: autograd records the pass when the caller enables it

@@ -20,9 +20,10 @@ from ...cache import RequestCache, index_group, kv_group, swa_group
 
 
 def load_window(rows: Any, cache: RequestCache, layer: int, req: int, start: int, window: int,
-                dtype: torch.dtype) -> None:
-    """Layer's window rows below `start` (the last `window - 1` of them) into `cache`."""
-    first = max(0, start - window + 1)
+                dtype: torch.dtype, floor: int = 0) -> None:
+    """Layer's window rows below `start` (the last `window - 1` of them, none below the layer's `floor`: rows
+    below a floor are never read, and bounded replay never writes them) into `cache`."""
+    first = max(0, start - window + 1, floor)
     cache.start_swa_at(layer, first)
     cache.rows(swa_group(layer)).append(rows.read_window(layer, req, first, start, dtype))
 

@@ -11,8 +11,10 @@ parameters (reference_weights.py) and replaces the instance's `forward`. Each ca
    off on CPU; the floors of SplitPlan). A segment that crosses B runs [start, B) without floors,
    then [B, end) with them on the grid of the decode worker's window chunks (`pieces`; W and the chunk
    are the server's settings, `WindowSplit`), so a prompt's window computes exactly as D's steps compute it;
+   a full model's rows before B then run only the layers before the last KV source and that layer's KV path,
+   SGLang's bounded replay (replay_mode.py; SGLANG_ASYM_FULL_COMPUTE=1 runs them through every layer);
 3. per phase, reads each request's rows from SGLang's pool into a throwaway reference cache (window
-   rows from max(0, start - W + 1), every compressed row and index key, the pending compressor
+   rows from max(0, start - W + 1, the layer's floor), every compressed row and index key, the pending compressor
    token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
    request's own slots. The pool's bytes are the only request state; nothing survives a call.
 Returns SGLang's LogitsProcessorOutput with each request's last-row logits (every row's in a speculative
@@ -41,11 +43,12 @@ import torch
 
 from ...cache import CacheSet, CacheSizing, RequestCache
 from ...config import V41Config
-from ...model.model import SegmentInput, V41Model
+from ...model.model import SegmentInput, SegmentOutput, V41Model
 from ...sched.config import chunk_rows_for
 from ...split import Semantics, SplitPlan
 from ..shared.pool_dump import dump, dump_dir, log_forward, transferred_extent
 from .kv_layout import cpu_kv_layout_name
+from .replay_mode import ReplayMode
 from ..shared.kv_pool import row_format_of_layout
 from ..shared.pool_rows import PoolRows
 from ..prefill.cut import prompt_len_of
@@ -237,9 +240,10 @@ class ReferenceForward:
     """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
 
     def __init__(self, model: V41Model, rows: PoolRows, semantics: Semantics, deterministic: bool = False,
-                 split: WindowSplit | None = None) -> None:
+                 split: WindowSplit | None = None, replay: ReplayMode = ReplayMode()) -> None:
         """`rows`: the pool's row access (PoolRows, or anything with its read/write methods); `split`: the
-        server's window and chunk (default: a symmetric server's, WindowSplit.of(None, cfg))."""
+        server's window and chunk (default: a symmetric server's, WindowSplit.of(None, cfg)); `replay`: whether
+        a full model's prompt rows before B stop at the last KV source (SGLang's bounded replay, the default)."""
         self.model, self.cfg = model, model.cfg
         self.split = WindowSplit.of(None, self.cfg) if split is None else split
         self.window = self.cfg.sliding_window  # the attention window: rows each query reads back
@@ -249,7 +253,10 @@ class ReferenceForward:
         # the prefill role keeps window rows of the encoder layers only (layer 20 runs its KV path)
         plan = model.new_cache_set(CacheSizing(max_requests=1, max_tokens=1)).plan
         self.swa_layers = tuple(plan.encoder_layers if model.role == "prefill" else range(self.cfg.num_hidden_layers))
+        self.replay = replay if model.role == "full" else ReplayMode(bounded=False)
+        self.late_layers = range(plan.last_kv_source, self.cfg.num_hidden_layers)
         self.forwards = 0
+        self.last_pieces: list[tuple[tuple[int, ...], list[RequestRows]]] = []  # run_rows': each forward's layers, rows
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
                  **kwargs: Any) -> Any:
@@ -269,9 +276,12 @@ class ReferenceForward:
         mode = "mixed" if riders else "decode" if decoding else "verify" if verifying else "extend"
         log_forward(RECORDS.role, mode, sorted(layers),
                     [(RECORDS.room(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
-                    decode_rows=len(rows) if decoding else 0)
+                    decode_rows=len(rows) if decoding else 0,
+                    pieces=[(ran, [(RECORDS.room(r.req), r.start, r.end) for r in done]) for ran, done in self.last_pieces])
         if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
             return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
+        # an extend chunk that ends before B ran no head (bounded replay): SGLang discards a chunked prompt's sample
+        logits = [torch.zeros(self.cfg.vocab_size) if out is None else out for out in logits]
         hidden = torch.cat(features[:len(rows)]) if capture else None
         if verifying:  # every row's logits, request after request: [sum of rows, V]
             return LogitsProcessorOutput(next_token_logits=torch.cat(logits).float(), hidden_states=hidden)
@@ -293,20 +303,34 @@ class ReferenceForward:
         captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
         outs = [_RowsOutput() for _ in rows]
         layers: set[int] = set()
+        self.last_pieces = []
         for phase in phases(rows, self.cfg, self.split.window, self.semantics, self.split.chunk,
                             verify_by_row=self.deterministic):
-            for group in self.forward_groups(phase):
+            for group in self.forward_groups(phase, capture):
                 for (i, r, _), (logits, features) in zip(group, self._run(group, capture)):
                     outs[i].add(r, logits, [features[layer] for layer in capture])
                 layers.update(self.model.layers_run)
+                self.last_pieces.append((tuple(self.model.layers_run), [r for _, r, _ in group]))
         features = [torch.cat(out.features) for out in outs] if capture else []
         return [out.logits() for out in outs], layers, features
 
-    def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]]
+    def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]], capture: tuple[int, ...] = ()
                        ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
         """The forwards of one phase: all its pieces together, or (deterministic) each piece alone, with a
-        cache set sized for it alone (nothing of the batch reaches its arithmetic)."""
-        return [[item] for item in phase] if self.deterministic else [phase]
+        cache set sized for it alone (nothing of the batch reaches its arithmetic); with bounded replay, the
+        pieces that stop at the last KV source in a forward of their own."""
+        groups = [[item] for item in phase] if self.deterministic else [phase]
+        split = [[[item for item in group if self.to_kv_source_only(item[1], capture) == short] for short in (True, False)]
+                 for group in groups]
+        return [part for parts in split for part in parts if part]
+
+    def to_kv_source_only(self, r: RequestRows, capture: tuple[int, ...] = ()) -> bool:
+        """Whether `r` are prompt rows before B that bounded replay runs only up to the last KV source (never
+        verify or decode rows, nor a forward whose late-layer inputs a speculative drafter reads)."""
+        if r.prompt_len is None or r.verify or capture or not self.replay.bounded:
+            return False
+        boundary, floors = _floors(self.cfg, r.prompt_len, self.split.window, self.semantics)
+        return self.replay.to_kv_source_only(r.end, boundary, dict(floors), self.late_layers)
 
     @staticmethod
     def request_rows(input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any) -> list[RequestRows]:
@@ -340,12 +364,17 @@ class ReferenceForward:
         sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
                              max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
         caches = self.model.new_cache_set(sizing)
-        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors), "all" if r.verify else "last", capture)
+        short = self.to_kv_source_only(phase[0][1], capture)  # forward_groups keeps such pieces apart
+        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors, short), "all" if r.verify else "last", capture)
                   for _, r, floors in phase]
         try:
-            outputs = self.model.forward_batch(inputs)
+            if short:
+                self.model.forward_batch_to_kv_source(inputs)
+                outputs = [SegmentOutput(None) for _ in inputs]
+            else:
+                outputs = self.model.forward_batch(inputs)
             for (_, r, _), item in zip(phase, inputs):
-                self._store(item.cache, r)
+                self._store(item.cache, r, short)
                 if dump_dir() is not None and r.prompt_len is not None:  # test aid (shared/pool_dump.py)
                     extent = transferred_extent(self.cfg, r.prompt_len)
                     if r.end == extent.num_tokens:
@@ -355,21 +384,32 @@ class ReferenceForward:
                 item.cache.release()
         return [(o.logits, o.captured) for o in outputs]
 
-    def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int]) -> RequestCache:
+    def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int], short: bool = False) -> RequestCache:
         """A throwaway reference cache holding what the pool holds for `r` before its rows."""
         dtype, rows = self.model.dtype, self.rows
         cache = caches.new_request()
         for layer in self.swa_layers:
-            pool_cache.load_window(rows, cache, layer, r.req, r.start, self.window, dtype)
+            if layer not in self._window_layers(short):  # bounded replay's prefix rows: no window there
+                cache.start_swa_at(layer, r.start)
+                continue
+            # rows below a floor are never read (and bounded replay never wrote them)
+            pool_cache.load_window(rows, cache, layer, r.req, r.start, self.window, dtype, floors.get(layer, 0))
         for owner in rows.ratio:
             pool_cache.load_compressed(rows, cache, owner, r.req, r.start, dtype)
         cache.swa_floor.update(floors)
         cache.pos = r.start
         return cache
 
-    def _store(self, cache: RequestCache, r: RequestRows) -> None:
+    def _window_layers(self, short: bool) -> tuple[int, ...]:
+        """The layers whose window rows a piece reads from the pool and writes back (`short`: bounded replay's
+        rows before B, which touch none from the last KV source on: no later row reads them)."""
+        if short:
+            return tuple(layer for layer in self.swa_layers if layer not in self.late_layers)
+        return self.swa_layers
+
+    def _store(self, cache: RequestCache, r: RequestRows, short: bool = False) -> None:
         """The rows the forward added for `r`, written to the pool at the request's slots."""
-        for layer in self.swa_layers:
+        for layer in self._window_layers(short):
             pool_cache.store_window(self.rows, cache, layer, r.req, r.start, r.end)
         for owner in self.rows.ratio:
             pool_cache.store_compressed(self.rows, cache, owner, r.req, r.start, r.end, r.verify)
@@ -383,6 +423,7 @@ class ReferenceSetup:
     semantics: Semantics
     deterministic: bool
     split: WindowSplit
+    replay: ReplayMode
 
 
 def reference_setup(sglang_model: torch.nn.Module) -> ReferenceSetup | None:
@@ -406,8 +447,9 @@ def reference_setup(sglang_model: torch.nn.Module) -> ReferenceSetup | None:
     reference = reference_model_from_sglang(sglang_model, cfg, model_path, cache_quant=cache_quant, role=role)
     settings = settings_of(server_args)
     semantics = DEFAULT_SEMANTICS if settings is None else Semantics.parse(settings.semantics)
+    replay = ReplayMode.from_environment() if role == "full" else ReplayMode(bounded=False)
     return ReferenceSetup(reference, semantics, bool(server_args.enable_deterministic_inference),
-                          WindowSplit.of(settings, cfg))
+                          WindowSplit.of(settings, cfg), replay)
 
 
 def install_reference_forward(sglang_model: torch.nn.Module) -> None:
@@ -416,18 +458,21 @@ def install_reference_forward(sglang_model: torch.nn.Module) -> None:
     setup = reference_setup(sglang_model)
     if setup is None:
         return
-    sglang_model.forward = _LazyPoolBinding(setup.model, setup.semantics, setup.deterministic, setup.split)
-    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches, W %d in %d-row chunks) runs the reference "
+    sglang_model.forward = _LazyPoolBinding(setup.model, setup.semantics, setup.deterministic, setup.split,
+                                            setup.replay)
+    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches, W %d in %d-row chunks, %s) runs the reference "
              "forward over SGLang's pool on CPU", setup.model.role, setup.semantics.value,
              ", deterministic" if setup.deterministic else "", setup.model.quant.mode, setup.split.window,
-             setup.split.chunk)
+             setup.split.chunk, setup.replay.label)
 
 
 class _LazyPoolBinding:
     """The model runner builds its KV pool after loading the model: bind it on the first call."""
 
-    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool, split: WindowSplit) -> None:
+    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool, split: WindowSplit,
+                 replay: ReplayMode = ReplayMode()) -> None:
         self.reference, self.semantics, self.deterministic, self.split = reference, semantics, deterministic, split
+        self.replay = replay
         self.bound: ReferenceForward | None = None
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
@@ -439,6 +484,7 @@ class _LazyPoolBinding:
             if rows.row_format != self.reference.quant.mode:
                 raise RuntimeError(f"SGLang's pool holds {rows.row_format} rows, the reference model quantizes its "
                                    f"caches as {self.reference.quant.mode}")
-            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic, self.split)
+            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic, self.split,
+                                          self.replay)
         with torch.no_grad():
             return self.bound(input_ids, positions, forward_batch, *args, **kwargs)

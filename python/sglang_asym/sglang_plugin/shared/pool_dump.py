@@ -86,10 +86,12 @@ def after_commit_transfer(result: Any, queue: Any, decode_req: Any, *args: Any, 
 
 
 def log_forward(role: str, mode: str, layers: Sequence[int], rows: Sequence[tuple[int | None, int, int]],
-                seconds: float, decode_rows: int = 0) -> None:
+                seconds: float, decode_rows: int = 0,
+                pieces: Sequence[tuple[Sequence[int], Sequence[tuple[int | None, int, int]]]] = ()) -> None:
     """Test aid: one line per forward: its mode (extend / decode / mixed), the layers it ran, each request's
-    (room, start, end) rows (the first `decode_rows` of them decode rows, the rest extend rows) and the
-    forward's wall time."""
+    (room, start, end) rows (the first `decode_rows` of them decode rows, the rest extend rows), the
+    forward's wall time, and per model pass inside it (`pieces`) the layers that pass ran and the rows it ran
+    them on (so a test sees bounded replay run the late layers on the window rows only)."""
     path = os.environ.get(FORWARD_LOG_ENV)
     if not path:
         return
@@ -98,4 +100,5 @@ def log_forward(role: str, mode: str, layers: Sequence[int], rows: Sequence[tupl
     with open(path, "a") as out:
         out.write(json.dumps({"role": role, "mode": mode, "layers": list(layers), "rows": [list(r) for r in rows],
                               "decode_rows": decode_rows,
+                              "pieces": [{"layers": list(ran), "rows": [list(r) for r in on]} for ran, on in pieces],
                               "seconds": round(seconds, 6)}) + "\n")
