@@ -3,14 +3,25 @@
 - the `openai` client: models, completions (greedy tokens equal /generate's), chat, streaming with usage,
   stop strings; output logprobs (completions' `logprobs`, chat's `logprobs` / `top_logprobs`): one per output
   token, the greedy token's the highest of its top entries, the first one computed by D's window step;
-- what both roles refuse alike before any bootstrap (admission_check.py): prompt logprobs (a completion with
-  `echo` and `logprobs`) and n > 1, each answered within 2 s with a 4xx, both pools back to empty, neither
-  worker unhealthy, and the next request served.
+- batch requests (`/generate` with a list of `input_ids` or of `text`, a completion with a list of prompts):
+  sglang-router gives each item its own bootstrap room (SGLang numbers a single room room + i per item on
+  both roles alike), so P and D pair every item up: each item's greedy tokens equal the same prompt's alone;
+- constrained decoding (`regex`) through the pair: the output follows the constraint;
+- one case per class of refusal or failure, each ended on both roles at once: what both roles refuse alike
+  before any bootstrap (admission_check.py: prompt logprobs, n > 1), sampling parameters SGLang's intake
+  rejects (both roles run it), a prompt longer than P's pool (P refuses in its scheduler and relays the
+  refusal to D, prefill/refusal.py), and a stream its client closes mid-way. Each is answered within 2 s
+  with a 4xx (the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker
+  unhealthy, and the next request served.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import re
 import time
+import urllib.parse
 import urllib.request
 
 import openai
@@ -20,13 +31,16 @@ from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import greedy, patient_router, prompt_of, settle, sglang_server, sglang_workspace
+from .sglang_servers import (greedy, patient_router, prompt_of, settle, sglang_server, sglang_workspace,
+                             used_tokens)
 
 pytestmark = pytest.mark.timeout(1800)
 
 WINDOW = 128
 P_POOL_TOKENS = 2048  # P's --max-total-tokens (smaller than D's pool)
 REFUSAL_S = 2.0
+STATS_STEPS = 40  # SGLang's decode scheduler publishes its stats (the used-token gauge) every 40 steps
+ABORT_S = 5.0  # a stream its client closed is ended on both roles, and both pools are empty again, within this
 MODEL = "v41-small"
 
 
@@ -101,6 +115,13 @@ def test_openai_streaming_with_usage_and_stop_strings(pair, client):
     assert stopped.finish_reason == "stop" and stopped.text == full[:full.index(stop)]
 
 
+def _recovers(pair, bound_s: float) -> None:
+    """Both pools empty within `bound_s`, both workers healthy, the next request served."""
+    assert settle([pair["prefill"], pair["decode"]], timeout_s=bound_s) == [0, 0]
+    assert _healthy(pair)
+    _serves_next(pair)
+
+
 def _refused_at_once(pair, call) -> Exception:
     start = time.monotonic()
     with pytest.raises(openai.APIStatusError) as refused:
@@ -108,10 +129,18 @@ def _refused_at_once(pair, call) -> Exception:
     took = time.monotonic() - start
     assert 400 <= refused.value.status_code < 500, refused.value
     assert took < REFUSAL_S, (took, refused.value)
-    assert settle([pair["prefill"], pair["decode"]], timeout_s=REFUSAL_S) == [0, 0]
-    assert _healthy(pair)
-    _serves_next(pair)
+    _recovers(pair, REFUSAL_S)
     return refused.value
+
+
+def _generate_refused_at_once(pair, body: dict) -> str:
+    """/generate through the router answers `body` with a 4xx within REFUSAL_S; returns the error text."""
+    start = time.monotonic()
+    status, answer = post(pair["router"].url + "/generate", body, timeout_s=60)
+    took = time.monotonic() - start
+    assert 400 <= status < 500 and took < REFUSAL_S, (status, took, answer)
+    _recovers(pair, REFUSAL_S)
+    return json.dumps(answer)
 
 
 def test_openai_output_logprobs_one_per_greedy_token(pair, client):
@@ -167,3 +196,62 @@ def test_parallel_sampling_is_refused_by_both_roles_at_once(pair, client):
     refused = _refused_at_once(pair, lambda: client.completions.create(
         model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0.7, n=2, seed=5))
     assert "parallel sampling (n = 2)" in str(refused)
+
+
+def test_batch_requests_pair_up_each_item(pair, client):
+    url = pair["router"].url + "/generate"
+    sampling = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = [prompt_of(300), prompt_of(90)]  # N > W (P sends a prefix) and N <= W (P sends nothing)
+    status, batch = post(url, {"input_ids": prompts, "sampling_params": sampling})
+    assert status == 200 and [item["output_ids"] for item in batch] == [greedy(pair["router"].url, p, 6, True)
+                                                                         for p in prompts]
+    texts = [text_of(300), text_of(40)]
+    alone = [post(url, {"text": text, "sampling_params": sampling})[1]["text"] for text in texts]
+    status, batch = post(url, {"text": texts, "sampling_params": sampling})
+    assert status == 200 and [item["text"] for item in batch] == alone
+    done = client.completions.create(model=MODEL, prompt=texts, max_tokens=6, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(done.choices, key=lambda c: c.index)] == alone
+    assert done.usage.completion_tokens == 12
+
+
+def test_constrained_decoding_follows_its_regex(pair, client):
+    body = {"input_ids": prompt_of(300), "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    status, plain = post(pair["router"].url + "/generate", body)
+    assert status == 200 and not re.fullmatch(r"(ab|cd)*[ac]?", plain["text"]), plain["text"]
+    body["sampling_params"]["regex"] = "(ab|cd)+"
+    status, constrained = post(pair["router"].url + "/generate", body)
+    assert status == 200, constrained
+    # stopped when the match may end, or cut by max_new_tokens inside a pair
+    assert constrained["text"] and re.fullmatch(r"(ab|cd)*[ac]?", constrained["text"]), constrained["text"]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": -1}, {"top_p": 2}], ids=["temperature", "top_p"])
+def test_invalid_sampling_parameters_are_refused_by_both_roles_at_once(pair, client, sampling):
+    refused = _generate_refused_at_once(pair, {"input_ids": prompt_of(300),
+                                               "sampling_params": {"max_new_tokens": 4, **sampling}})
+    assert next(iter(sampling)) in refused
+
+
+def test_prompt_longer_than_p_pool_is_refused_on_both_roles_at_once(pair, client):
+    refused = _generate_refused_at_once(pair, {"input_ids": prompt_of(P_POOL_TOKENS + 100),
+                                               "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    assert "the prefill worker refused the request" in refused, refused
+
+
+def test_stream_closed_by_its_client_ends_on_both_roles(pair, client):
+    router = urllib.parse.urlsplit(pair["router"].url)
+    conn = http.client.HTTPConnection(router.hostname, router.port, timeout=120)
+    conn.request("POST", "/generate", json.dumps({
+        "input_ids": prompt_of(300), "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}),
+        {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    events = 0
+    while events < STATS_STEPS + 5:  # D published its used tokens (every 40 decode steps) while it held them
+        events += resp.readline().startswith(b"data:")
+    assert used_tokens(pair["decode"]) > 0
+    conn.sock.shutdown(2)  # the client goes away mid-stream, long before its 400 tokens
+    conn.close()
+    _recovers(pair, ABORT_S)
