@@ -23,17 +23,7 @@ from sglang_asym.sglang_plugin.shared import admission, liveness  # noqa: E402
 from sglang_asym.sglang_plugin.shared.admission import AdmissionGate, AdmissionLimits, Overloaded  # noqa: E402
 from sglang_asym.sglang_plugin.shared.cli import translate  # noqa: E402
 from sglang_asym.sglang_plugin.shared.validation import AsymArgumentError  # noqa: E402
-
-
-class RecordingManager:
-    """Just what the gate touches on SGLang's TokenizerManager: rid_to_state and abort_request."""
-
-    def __init__(self):
-        self.rid_to_state = {}
-        self.aborted = []
-
-    def abort_request(self, rid):
-        self.aborted.append(rid)
+from admission_stand_ins import RecordingManager  # noqa: E402  (this script's folder)
 
 
 def prefill_refuses_beyond_its_limit():

@@ -12,6 +12,7 @@ from sglang_asym.sglang_plugin import hooks
 from sglang_asym.sglang_plugin.shared import admission, liveness
 from sglang_asym.sglang_plugin.shared.admission import AdmissionGate, AdmissionLimits, DeadlinePassed, Overloaded, RoomTable
 
+from .admission_stand_ins import RecordingManager
 from .conftest import REPO, run_python
 
 
@@ -59,17 +60,6 @@ def test_a_final_item_other_than_an_abort_ends_the_request_normally():
     assert not admission.finished_normally({"meta_info": {"finish_reason": None}})
     assert not admission.finished_normally({"meta_info": {"finish_reason": {"type": "abort", "message": "x"}}})
     assert not admission.finished_normally({"text": "partial"})
-
-
-class RecordingManager:
-    """Just what the gate touches on SGLang's TokenizerManager: rid_to_state and abort_request."""
-
-    def __init__(self):
-        self.rid_to_state = {}
-        self.aborted = []
-
-    def abort_request(self, rid):
-        self.aborted.append(rid)
 
 
 def test_a_request_past_its_deadline_is_aborted_and_answered_with_503():

@@ -37,6 +37,9 @@ DEADLINE_S = 40
 REFUSAL_BOUND_S = 5.0  # a refusal is answered within this, however loaded the pair is
 ANSWER_BOUND_S = DEADLINE_S + 20  # the deadline, the abort's grace and the router's own overhead
 SERVES_AGAIN_BOUND_S = 30.0
+# sglang-router evicts a worker whose /health outlasts --health-check-timeout-secs (default 5 s) three
+# times in a row; liveness means every answer is a 200 well inside that timeout, even on a loaded CI box.
+ROUTER_HEALTH_TIMEOUT_S = 5.0
 FLAGS = ("--max-running-requests", str(CAPACITY), "--max-queued-requests", str(QUEUED),
          "--asym-request-deadline-s", str(DEADLINE_S))
 
@@ -167,8 +170,8 @@ def test_forty_mixed_requests_complete_or_are_refused_fast_and_health_stays_live
         poller.join()
     check_outcomes(outcomes)
     assert sum(o.refused for o in outcomes) > 0  # 40 at once against a pair that holds 4
-    assert probe.answers and all(status == 200 and seconds < 1.0 for status, seconds in probe.answers), \
-        [a for a in probe.answers if a[0] != 200 or a[1] >= 1.0][:5]
+    late = [a for a in probe.answers if a[0] != 200 or a[1] >= ROUTER_HEALTH_TIMEOUT_S / 2]
+    assert probe.answers and not late, late[:5]
     assert settle([pair["prefill"], pair["decode"]], timeout_s=60) == [0, 0]
     assert serves_again(pair["router"].url, SERVES_AGAIN_BOUND_S) < SERVES_AGAIN_BOUND_S
 

@@ -1,0 +1,13 @@
+"""The stand-in for SGLang's TokenizerManager that the admission gate's tests drive (test_admission.py in
+pytest, admission_checks.py in a fresh process)."""
+
+
+class RecordingManager:
+    """Just what the gate touches on SGLang's TokenizerManager: rid_to_state and abort_request."""
+
+    def __init__(self):
+        self.rid_to_state = {}
+        self.aborted = []
+
+    def abort_request(self, rid):
+        self.aborted.append(rid)
