@@ -6,7 +6,9 @@
 - batch requests (`/generate` with a list of `input_ids` or of `text`, a completion with a list of prompts):
   sglang-router gives each item its own bootstrap room (SGLang numbers a single room room + i per item on
   both roles alike), so P and D pair every item up: each item's greedy tokens equal the same prompt's alone;
-- constrained decoding (`regex`) through the pair: the output follows the constraint;
+- constrained decoding (`regex`; SGLang's json_schema / ebnf take the same grammar path) is served: the greedy
+  tokens equal the in-process reference's under the same grammar mask, the first one from D's window step;
+- SGLang's own bench_serving (random dataset) through the router: every request completes;
 - one case per class of refusal or failure, each ended on both roles at once: what both roles refuse alike
   before any bootstrap (admission_check.py: prompt logprobs, n > 1), sampling parameters SGLang's intake
   rejects (both roles run it), a prompt longer than P's pool (P refuses in its scheduler and relays the
@@ -27,12 +29,14 @@ import urllib.request
 import openai
 import pytest
 
+from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
+from sglang_asym.testing.bench_serving_client import RandomLoad, run_bench_serving
 from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import (greedy, patient_router, prompt_of, settle, sglang_server, sglang_workspace,
-                             used_tokens)
+from .sglang_servers import (ONE_CHUNK, asym_reference, greedy, patient_router, prompt_of, reference_model, settle,
+                             sglang_server, sglang_workspace, used_tokens)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -42,6 +46,8 @@ REFUSAL_S = 2.0
 STATS_STEPS = 40  # SGLang's decode scheduler publishes its stats (the used-token gauge) every 40 steps
 ABORT_S = 5.0  # a stream its client closed is ended on both roles, and both pools are empty again, within this
 MODEL = "v41-small"
+# no match of it ends within a case's 8 tokens, so the grammar never asks for the end of the sequence
+CONSTRAINT = "(ab|cd){50}"
 
 
 def text_of(words: int) -> str:
@@ -62,7 +68,7 @@ def pair(sglang_checkpoint, tmp_path_factory):
         with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
             # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
             greedy(router.url, prompt_of(150), new_tokens=48, ignore_eos=True)
-            yield {**servers, "router": router}
+            yield {**servers, "router": router, "checkpoint": checkpoint}
 
 
 @pytest.fixture
@@ -215,15 +221,39 @@ def test_batch_requests_pair_up_each_item(pair, client):
     assert done.usage.completion_tokens == 12
 
 
-def test_constrained_decoding_follows_its_regex(pair, client):
-    body = {"input_ids": prompt_of(300), "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+def constrained_reference(checkpoint, prompt: list[int], regex: str, count: int) -> list[int]:
+    """The pair's greedy tokens under `regex` by the in-process reference: each token the argmax of its logits
+    masked by xgrammar's bitmask for the regex (SGLang's default grammar backend, built as SGLang builds it)."""
+    import xgrammar
+    from transformers import AutoTokenizer
+
+    model = reference_model(checkpoint, "release")
+    vocab = model.cfg.vocab_size
+    info = xgrammar.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(checkpoint), vocab_size=vocab)
+    matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_regex(regex))
+    mask = xgrammar.allocate_token_bitmask(1, vocab)
+
+    def pick(logits):
+        row = logits.reshape(1, -1).float().clone()
+        matcher.fill_next_token_bitmask(mask)
+        xgrammar.apply_token_bitmask_inplace(row, mask)
+        token = int(row.argmax())
+        assert matcher.accept_token(token)
+        return token
+
+    return asym_reference(model, prompt, ONE_CHUNK, DEFAULT_SEMANTICS, count, pick=pick)
+
+
+def test_constrained_decoding_equals_the_reference_under_the_same_grammar(pair, client):
+    prompt = prompt_of(150)  # N > W: D's window step samples the first token, under the grammar's mask
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     status, plain = post(pair["router"].url + "/generate", body)
     assert status == 200 and not re.fullmatch(r"(ab|cd)*[ac]?", plain["text"]), plain["text"]
-    body["sampling_params"]["regex"] = "(ab|cd)+"
+    body["sampling_params"]["regex"] = CONSTRAINT
     status, constrained = post(pair["router"].url + "/generate", body)
     assert status == 200, constrained
-    # stopped when the match may end, or cut by max_new_tokens inside a pair
-    assert constrained["text"] and re.fullmatch(r"(ab|cd)*[ac]?", constrained["text"]), constrained["text"]
+    assert constrained["output_ids"] == constrained_reference(pair["checkpoint"], prompt, CONSTRAINT, 8)
+    assert re.fullmatch(r"(ab|cd)*[ac]?", constrained["text"]) and len(constrained["output_ids"]) == 8
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": -1}, {"top_p": 2}], ids=["temperature", "top_p"])
@@ -255,3 +285,12 @@ def test_stream_closed_by_its_client_ends_on_both_roles(pair, client):
     conn.sock.shutdown(2)  # the client goes away mid-stream, long before its 400 tokens
     conn.close()
     _recovers(pair, ABORT_S)
+
+
+def test_sglang_bench_serving_random_dataset_all_succeed(pair, client):
+    load = RandomLoad(num_prompts=4, input_len=400, output_len=4, range_ratio=0.25, max_concurrency=2)
+    record = run_bench_serving(pair["router"].url, pair["checkpoint"], load, timeout_s=600)
+    assert record["completed"] == 4 and not any(record["errors"]), record["errors"]
+    assert record["total_output_tokens"] == sum(record["output_lens"]) and all(record["output_lens"])
+    assert record["total_input_tokens"] == sum(record["input_lens"]) and min(record["input_lens"]) >= 100
+    assert record["mean_ttft_ms"] > 0 and record["p99_itl_ms"] >= record["median_itl_ms"] >= 0
