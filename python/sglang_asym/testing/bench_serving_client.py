@@ -5,7 +5,9 @@ The `random-ids` dataset (random token ids, no download); the result is the JSON
 bench_serving imports `sglang.srt.configs`, which reaches torchvision (no CPU build on PyPI): it runs in a
 process that installs the project's CPU import stand-in first (cpu_platform/import_gaps.py), as SGLang's
 spawned processes on this machine do. Prompts are sent as token ids (`--tokenize-prompt`), so each is
-exactly its sampled length.
+exactly its sampled length. bench_serving counts a stream that opened with 200 as a success even when it
+ends on an error event (a request aborted mid-way), so a request counts as served here only when its output
+is as long as the length bench_serving asked for (ignore_eos is its default): `unserved`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 # `python -m sglang.bench_serving`, after the CPU stand-in for torchvision is in place
 BENCH_RUNNER = ("import runpy, sys; "
@@ -59,3 +63,23 @@ def run_bench_serving(base_url: str, checkpoint: Path, load: RandomLoad, timeout
             raise RuntimeError(f"bench_serving failed (exit {run.returncode}):\n"
                                f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
         return json.loads(output_file.read_text().splitlines()[-1])
+
+
+def requested_lengths(load: RandomLoad) -> tuple[list[int], list[int]]:
+    """The input and output lengths bench_serving draws for `load`: its seed, then SGLang's
+    compute_random_lens for the inputs and then the outputs, as its random dataset draws them."""
+    from sglang.benchmark.datasets.common import compute_random_lens
+
+    np.random.seed(load.seed)
+    inputs = compute_random_lens(load.input_len, load.range_ratio, load.num_prompts)
+    return inputs, compute_random_lens(load.output_len, load.range_ratio, load.num_prompts)
+
+
+def unserved(record: dict, load: RandomLoad) -> list[int]:
+    """Indices of the requests bench_serving failed or that ended before their requested output length
+    (a record of another draw than `load`'s raises)."""
+    inputs, outputs = requested_lengths(load)
+    if record["input_lens"] != inputs:
+        raise ValueError(f"bench_serving sent inputs of {record['input_lens']}, not the {inputs} of its seed")
+    return [i for i, (got, asked, error) in enumerate(zip(record["output_lens"], outputs, record["errors"]))
+            if error or got != asked]
