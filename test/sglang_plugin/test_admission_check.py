@@ -102,3 +102,26 @@ def test_the_hook_raises_a_400_before_any_state_and_passes_the_rest_through():
     assert refused.value.status_code == 400 and calls == []
     admitted = _normalized(text="hi")
     assert around_init_req_state(original, None, admitted, None) == "state" and calls == [admitted]
+
+
+@pytest.mark.parametrize("sampling, words", [
+    ({"temperature": -1}, "temperature must be a non-negative finite number, got -1."),
+    ({"top_p": 2}, "top_p must be in (0, 1], got 2."),
+    ([{"temperature": 0}, {"min_p": 1.5}], "min_p must be in [0, 1], got 1.5."),
+    ({"logit_bias": {"5000": 1.0}}, "logit_bias must has keys in [0, 1023], got 5000."),
+])
+def test_the_gate_refuses_invalid_sampling_parameters_in_sglangs_words(sampling, words):
+    """The admission gate asks with the vocabulary size, before either side decides the room."""
+    obj = _as_sent(input_ids=[[1, 2], [3]] if isinstance(sampling, list) else [1, 2], sampling_params=sampling)
+    assert refusal_of(obj, vocab_size=1024) == words
+    assert refusal_of(obj) is None  # the tokenizer hook leaves them to SGLang's own intake, which follows
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True, "stop": ["x"], "regex": "(ab)+"},
+    [{"temperature": 0.7, "top_p": 0.9, "top_k": -1}, {}],
+    {"temperature": 0, "no_such_field": 1},  # SGLang's intake answers what it does not know
+])
+def test_the_gate_admits_valid_sampling_parameters(sampling):
+    obj = _as_sent(input_ids=[[1, 2], [3]] if isinstance(sampling, list) else [1, 2], sampling_params=sampling)
+    assert refusal_of(obj, vocab_size=1024) is None

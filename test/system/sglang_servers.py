@@ -8,7 +8,7 @@ import functools
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -256,17 +256,19 @@ def reference_tokens(checkpoint: Path, prompt: tuple[int, ...], chunk: int, cach
     return tuple(asym_reference(model, list(prompt), chunk, semantics, new_tokens))
 
 
-def asym_reference(model: Any, prompt: list[int], prefill_chunk: int, semantics: str, count: int) -> list[int]:
+def asym_reference(model: Any, prompt: list[int], prefill_chunk: int, semantics: str, count: int,
+                   pick: Callable[[torch.Tensor], int] | None = None) -> list[int]:
     """The greedy tokens an asym-prefill / asym-decode pair of `semantics` computes: P runs [0, B) in SGLang's
     chunks of `prefill_chunk` tokens, D runs the window [B, N) with the semantics' floors in the reference
     forward's window chunks, then decodes one token at a time (the reference model is not chunk-invariant
-    bit for bit, so the pieces are the pair's)."""
+    bit for bit, so the pieces are the pair's). `pick` chooses each token from its logits (default argmax;
+    a constrained request's pick masks them first)."""
     from sglang_asym.split import Semantics
 
     n, window = len(prompt), model.cfg.sliding_window
     boundary = max(n - window, 0)
     spans = [(s, min(s + prefill_chunk, boundary)) for s in range(0, boundary, prefill_chunk)] + [(boundary, n)]
-    return _run_spans(model, prompt, spans, Semantics.parse(semantics), count)
+    return _run_spans(model, prompt, spans, Semantics.parse(semantics), count, pick=pick)
 
 
 def asym_reference_logprobs(checkpoint: Path, prompt: list[int], prefill_chunk: int, semantics: str,
@@ -297,7 +299,8 @@ def reference_lifecycle(model: Any, sequence: list[int], chunk: int, count: int,
 
 
 def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], semantics: Any, count: int,
-               replayed: int | None = None, sampled_logits: list[torch.Tensor] | None = None) -> list[int]:
+               replayed: int | None = None, sampled_logits: list[torch.Tensor] | None = None,
+               pick: Callable[[torch.Tensor], int] | None = None) -> list[int]:
     """`sequence` forwarded as the SGLang forwards `spans` (each cut into the reference forward's pieces,
     with the floors of `semantics`), then greedy decoding: see reference_lifecycle for `replayed`. The logits
     each output token was sampled from are appended to `sampled_logits` when given."""
@@ -316,14 +319,15 @@ def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], se
             for piece, floors in pieces(rows, cfg, cfg.sliding_window, semantics, 32):
                 cache.swa_floor.update(floors)
                 logits = model(piece.tokens, cache, logits="last")
-        out, last = [], replayed if replayed is not None else int(logits.argmax())
+        pick = pick or (lambda row: int(row.argmax()))
+        out, last = [], replayed if replayed is not None else pick(logits)
         if replayed is None:
             out.append(last)
             if sampled_logits is not None:
                 sampled_logits.append(logits.reshape(-1))
         while len(out) < count:
             logits = model(torch.tensor([last]), cache, logits="last")
-            last = int(logits.argmax())
+            last = pick(logits)
             out.append(last)
             if sampled_logits is not None:
                 sampled_logits.append(logits.reshape(-1))

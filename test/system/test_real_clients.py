@@ -3,31 +3,53 @@
 - the `openai` client: models, completions (greedy tokens equal /generate's), chat, streaming with usage,
   stop strings; output logprobs (completions' `logprobs`, chat's `logprobs` / `top_logprobs`): one per output
   token, the greedy token's the highest of its top entries, the first one computed by D's window step;
-- what both roles refuse alike before any bootstrap (admission_check.py): prompt logprobs (a completion with
-  `echo` and `logprobs`) and n > 1, each answered within 2 s with a 4xx, both pools back to empty, neither
-  worker unhealthy, and the next request served.
+- batch requests (`/generate` with a list of `input_ids`, a completion with a list of prompts; sglang-router
+  refuses `/generate` with a list of `text` with a 422 before any worker sees it):
+  sglang-router gives each item its own bootstrap room (SGLang numbers a single room room + i per item on
+  both roles alike), so P and D pair every item up: each item's greedy tokens equal the same prompt's alone
+  (the pair runs with --enable-deterministic-inference: otherwise items decoding in one forward round
+  otherwise than one request alone, and their greedy tokens can part after a few steps);
+- constrained decoding (`regex`; SGLang's json_schema / ebnf take the same grammar path) is served: the greedy
+  tokens equal the in-process reference's under the same grammar mask, the first one from D's window step;
+- SGLang's own bench_serving (random dataset) through the router: every request completes;
+- one case per class of refusal or failure, each ended on both roles at once: what both roles refuse alike
+  before any bootstrap (admission_check.py: prompt logprobs, n > 1, sampling parameters SGLang's
+  SamplingParams.verify rejects), and a stream its client closes mid-way. Each is answered within 2 s
+  with a 4xx (the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker
+  unhealthy, and the next request served.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import re
 import time
+import urllib.parse
 import urllib.request
 
 import openai
 import pytest
 
+from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
+from sglang_asym.testing.bench_serving_client import RandomLoad, requested_lengths, run_bench_serving, unserved
 from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from .sglang_servers import greedy, patient_router, prompt_of, settle, sglang_server, sglang_workspace
+from .sglang_servers import (DETERMINISTIC, ONE_CHUNK, asym_reference, greedy, patient_router, prompt_of,
+                             reference_model, settle, sglang_server, sglang_workspace, used_tokens)
 
 pytestmark = pytest.mark.timeout(1800)
 
 WINDOW = 128
 P_POOL_TOKENS = 2048  # P's --max-total-tokens (smaller than D's pool)
 REFUSAL_S = 2.0
+STATS_STEPS = 40  # SGLang's decode scheduler publishes its stats (the used-token gauge) every 40 steps
+ABORT_S = 5.0  # a stream its client closed is ended on both roles, and both pools are empty again, within this
 MODEL = "v41-small"
+# no match of it ends within a case's 8 tokens, so the grammar never asks for the end of the sequence
+CONSTRAINT = "(ab|cd){50}"
 
 
 def text_of(words: int) -> str:
@@ -39,7 +61,8 @@ def text_of(words: int) -> str:
 def pair(sglang_checkpoint, tmp_path_factory):
     checkpoint = sglang_checkpoint
     _, logs = sglang_workspace(tmp_path_factory, "real_clients")
-    flags = ("--asym-window", str(WINDOW))
+    # deterministic: a batch's items decode in one forward, and only then equal the same prompts sent alone
+    flags = ("--asym-window", str(WINDOW), DETERMINISTIC)
     servers = {
         "prefill": sglang_server("asym-prefill", checkpoint, logs, *flags, "--max-total-tokens", str(P_POOL_TOKENS)),
         "decode": sglang_server("asym-decode", checkpoint, logs, *flags),
@@ -48,7 +71,7 @@ def pair(sglang_checkpoint, tmp_path_factory):
         with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
             # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
             greedy(router.url, prompt_of(150), new_tokens=48, ignore_eos=True)
-            yield {**servers, "router": router}
+            yield {**servers, "router": router, "checkpoint": checkpoint}
 
 
 @pytest.fixture
@@ -101,6 +124,13 @@ def test_openai_streaming_with_usage_and_stop_strings(pair, client):
     assert stopped.finish_reason == "stop" and stopped.text == full[:full.index(stop)]
 
 
+def _recovers(pair, bound_s: float) -> None:
+    """Both pools empty within `bound_s`, both workers healthy, the next request served."""
+    assert settle([pair["prefill"], pair["decode"]], timeout_s=bound_s) == [0, 0]
+    assert _healthy(pair)
+    _serves_next(pair)
+
+
 def _refused_at_once(pair, call) -> Exception:
     start = time.monotonic()
     with pytest.raises(openai.APIStatusError) as refused:
@@ -108,10 +138,18 @@ def _refused_at_once(pair, call) -> Exception:
     took = time.monotonic() - start
     assert 400 <= refused.value.status_code < 500, refused.value
     assert took < REFUSAL_S, (took, refused.value)
-    assert settle([pair["prefill"], pair["decode"]], timeout_s=REFUSAL_S) == [0, 0]
-    assert _healthy(pair)
-    _serves_next(pair)
+    _recovers(pair, REFUSAL_S)
     return refused.value
+
+
+def _generate_refused_at_once(pair, body: dict) -> str:
+    """/generate through the router answers `body` with a 4xx within REFUSAL_S; returns the error text."""
+    start = time.monotonic()
+    status, answer = post(pair["router"].url + "/generate", body, timeout_s=60)
+    took = time.monotonic() - start
+    assert 400 <= status < 500 and took < REFUSAL_S, (status, took, answer)
+    _recovers(pair, REFUSAL_S)
+    return json.dumps(answer)
 
 
 def test_openai_output_logprobs_one_per_greedy_token(pair, client):
@@ -167,3 +205,95 @@ def test_parallel_sampling_is_refused_by_both_roles_at_once(pair, client):
     refused = _refused_at_once(pair, lambda: client.completions.create(
         model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0.7, n=2, seed=5))
     assert "parallel sampling (n = 2)" in str(refused)
+
+
+def test_batch_requests_pair_up_each_item(pair, client):
+    url = pair["router"].url + "/generate"
+    sampling = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = [prompt_of(300), prompt_of(90)]  # N > W (P sends a prefix) and N <= W (P sends nothing)
+    status, batch = post(url, {"input_ids": prompts, "sampling_params": sampling})
+    assert status == 200 and [item["output_ids"] for item in batch] == [greedy(pair["router"].url, p, 6, True)
+                                                                         for p in prompts]
+    texts = [text_of(300), text_of(40)]
+    alone = [post(url, {"text": text, "sampling_params": sampling})[1]["text"] for text in texts]
+    done = client.completions.create(model=MODEL, prompt=texts, max_tokens=6, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(done.choices, key=lambda c: c.index)] == alone
+    assert done.usage.completion_tokens == 12
+
+
+def test_a_list_of_texts_to_generate_is_refused_by_the_router(pair, client):
+    """sglang-router's /generate takes `text` as one string: a list is refused before any worker sees it."""
+    start = time.monotonic()
+    status, answer = post(pair["router"].url + "/generate", {
+        "text": [text_of(300), text_of(40)], "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    assert status == 422 and time.monotonic() - start < REFUSAL_S, (status, answer)
+    _recovers(pair, REFUSAL_S)
+
+
+def constrained_reference(checkpoint, prompt: list[int], regex: str, count: int) -> list[int]:
+    """The pair's greedy tokens under `regex` by the in-process reference: each token the argmax of its logits
+    masked by xgrammar's bitmask for the regex (SGLang's default grammar backend, built as SGLang builds it)."""
+    import xgrammar
+    from transformers import AutoTokenizer
+
+    model = reference_model(checkpoint, "release")
+    vocab = model.cfg.vocab_size
+    info = xgrammar.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(checkpoint), vocab_size=vocab)
+    matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_regex(regex))
+    mask = xgrammar.allocate_token_bitmask(1, vocab)
+
+    def pick(logits):
+        row = logits.reshape(1, -1).float().clone()
+        matcher.fill_next_token_bitmask(mask)
+        xgrammar.apply_token_bitmask_inplace(row, mask)
+        token = int(row.argmax())
+        assert matcher.accept_token(token)
+        return token
+
+    return asym_reference(model, prompt, ONE_CHUNK, DEFAULT_SEMANTICS, count, pick=pick)
+
+
+def test_constrained_decoding_equals_the_reference_under_the_same_grammar(pair, client):
+    prompt = prompt_of(150)  # N > W: D's window step samples the first token, under the grammar's mask
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    status, plain = post(pair["router"].url + "/generate", body)
+    assert status == 200 and not re.fullmatch(r"(ab|cd)*[ac]?", plain["text"]), plain["text"]
+    body["sampling_params"]["regex"] = CONSTRAINT
+    status, constrained = post(pair["router"].url + "/generate", body)
+    assert status == 200, constrained
+    assert constrained["output_ids"] == constrained_reference(pair["checkpoint"], prompt, CONSTRAINT, 8)
+    assert re.fullmatch(r"(ab|cd)*[ac]?", constrained["text"]) and len(constrained["output_ids"]) == 8
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": -1}, {"top_p": 2}], ids=["temperature", "top_p"])
+def test_invalid_sampling_parameters_are_refused_by_both_roles_at_once(pair, client, sampling):
+    refused = _generate_refused_at_once(pair, {"input_ids": prompt_of(300),
+                                               "sampling_params": {"max_new_tokens": 4, **sampling}})
+    assert next(iter(sampling)) in refused
+
+
+def test_stream_closed_by_its_client_ends_on_both_roles(pair, client):
+    router = urllib.parse.urlsplit(pair["router"].url)
+    conn = http.client.HTTPConnection(router.hostname, router.port, timeout=120)
+    conn.request("POST", "/generate", json.dumps({
+        "input_ids": prompt_of(300), "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}),
+        {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    events = 0
+    while events < STATS_STEPS + 5:  # D published its used tokens (every 40 decode steps) while it held them
+        events += resp.readline().startswith(b"data:")
+    assert used_tokens(pair["decode"]) > 0
+    conn.sock.shutdown(2)  # the client goes away mid-stream, long before its 400 tokens
+    conn.close()
+    _recovers(pair, ABORT_S)
+
+
+def test_sglang_bench_serving_random_dataset_all_succeed(pair, client):
+    load = RandomLoad(num_prompts=3, input_len=300, output_len=4, range_ratio=0.5, max_concurrency=1)
+    record = run_bench_serving(pair["router"].url, pair["checkpoint"], load, timeout_s=600)
+    assert record["completed"] == 3 and unserved(record, load) == [], record
+    assert record["total_output_tokens"] == sum(requested_lengths(load)[1])
+    assert record["mean_ttft_ms"] > 0 and record["p99_itl_ms"] >= record["median_itl_ms"] >= 0

@@ -103,6 +103,11 @@ def run_window_chunks(scheduler: Any, chunks: Sequence[WindowChunk]) -> WindowSa
     when there is one); returns what its sampler gave."""
     with _window_batch(scheduler, chunks) as batch:
         result = scheduler.model_worker.forward_batch_generation(batch)
+        if result.next_token_ids is None and result.delay_sample_func is not None:
+            # SGLang's overlap scheduler delays sampling a batch with grammars until the previous batch's
+            # tokens are accepted; a window's first token follows no output token of its own: sample now
+            result.delay_sample_func()
+            result.delay_sample_func = None
         return WindowSamples(tuple(int(t) for t in result.next_token_ids.tolist()), result.logits_output)
 
 

@@ -304,7 +304,7 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
             yield item
         return
-    refusal = refusal_of(obj)
+    refusal = refusal_of(obj, getattr(getattr(manager, "model_config", None), "vocab_size", None))
     if refusal is not None:  # both sides refuse it alike: no room is decided for it on either
         raise AsymAdmissionError(refusal)
     room = obj.bootstrap_room

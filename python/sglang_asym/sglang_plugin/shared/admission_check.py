@@ -16,7 +16,11 @@ Refused:
 - more top logprobs than SGLang's PD metadata buffer carries from P to D (its capacity, 128 per token): P's
   scheduler would raise when it fills the buffer;
 - parallel sampling (`n > 1`): SGLang's tokenizer expands it into a zero-token prefix request plus n
-  copies under rids the router never gave bootstrap rooms, so P and D would not pair them up.
+  copies under rids the router never gave bootstrap rooms, so P and D would not pair them up;
+- invalid sampling parameters (SGLang's own `SamplingParams.verify`, which each role's intake runs again
+  later): asked by the admission gate before it decides the room (`refusal_of` with the vocabulary size),
+  since a room P decided and then ended on its own intake's refusal reads to D's admission question as a
+  closed room, a 503 instead of the same 400.
 Refusals that depend on one side's state (P's pool, SGLang's intake checks on P) are relayed to D through
 the bootstrap channel instead (prefill/refusal.py).
 """
@@ -96,16 +100,39 @@ def logprobs_refusal(obj: Any) -> str | None:
     return None
 
 
-def refusal_of(obj: Any) -> str | None:
+def sampling_refusal(sampling_params: Any, vocab_size: int) -> str | None:
+    """SGLang's own words for invalid sampling parameters (its SamplingParams, verified), None when each
+    item's are valid; fields SGLang does not know are left to its intake."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    items = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params]
+    for params in items:
+        if not isinstance(params, dict):
+            continue
+        try:
+            checked = SamplingParams(**params)
+        except TypeError:
+            continue
+        try:  # verify reads no field normalize sets (normalize wants the tokenizer, for stop strings)
+            checked.verify(vocab_size)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def refusal_of(obj: Any, vocab_size: int | None = None) -> str | None:
     """Why the asymmetric pair cannot serve a GenerateReqInput (normalized or as it arrived), None when it can.
     Asked twice: by the admission gate (admission.py) before it decides the room, so that a request both
-    sides refuse never takes a room on P that D's admission question would find closed; and here."""
+    sides refuse never takes a room on P that D's admission question would find closed, with the model's
+    `vocab_size` (its sampling parameters checked too); and here."""
     refusal = logprobs_refusal(obj)
     if refusal is not None:
         return refusal
     n = max(getattr(obj, "parallel_sample_num", 1) or 1, _requested_n(getattr(obj, "sampling_params", None)))
     if n > 1:
         return PARALLEL_SAMPLING_MESSAGE.format(n=n)
+    if vocab_size is not None:
+        return sampling_refusal(getattr(obj, "sampling_params", None), vocab_size)
     return None
 
 
