@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from process_memory import process_tree  # benchmark/ is the script's own folder on sys.path
 from sglang_asym.checkpoint import write_tokenizer
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
@@ -30,21 +31,6 @@ from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("null", "prefill", "decode")
 SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
-
-
-def process_tree(pid: int) -> list[int]:
-    """pid and every descendant (/proc/<pid>/task/<tid>/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                kids = (task / "children").read_text().split()
-                todo += [int(k) for k in kids]
-        except FileNotFoundError:
-            pass
-    return out
 
 
 def _peak_mb(pid: int) -> tuple[float, float]:
