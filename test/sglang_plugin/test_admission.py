@@ -11,7 +11,8 @@ import pytest
 
 from sglang_asym.sglang_plugin import hooks
 from sglang_asym.sglang_plugin.shared import admission, liveness
-from sglang_asym.sglang_plugin.shared.admission import AdmissionGate, AdmissionLimits, DeadlinePassed, Overloaded, RoomTable
+from sglang_asym.sglang_plugin.shared.admission import (AdmissionGate, AdmissionLimits, DeadlinePassed,
+                                                        Overloaded, RoomDecision, RoomTable)
 
 from .admission_stand_ins import RecordingManager
 from .conftest import REPO, run_python
@@ -19,10 +20,12 @@ from .conftest import REPO, run_python
 
 def test_room_table_decides_each_room_once_up_to_its_limit():
     table = RoomTable(limit=2, ttl_s=10)
-    assert [table.decide(room, now=0) for room in (1, 2, 3)] == [True, True, False]
-    assert table.decide(1, now=1) and not table.decide(3, now=1)  # a decision stands
+    admitted, full, ended = RoomDecision.ADMITTED, RoomDecision.FULL, RoomDecision.ENDED
+    assert [table.decide(room, now=0) for room in (1, 2, 3)] == [admitted, admitted, full]
+    assert [bool(d) for d in (admitted, full, ended)] == [True, False, False]
+    assert table.decide(1, now=1) is admitted and table.decide(3, now=1) is ended  # a decision stands
     assert table.close(1, now=2) is True and table.close(3, now=2) is False
-    assert not table.decide(1, now=3)  # a closed room is refused to a late question
+    assert table.decide(1, now=3) is ended  # a closed room is refused to a late question
     assert table.decide(4, now=3) and not table.decide(5, now=3)  # 1's slot went to 4
     assert table.decide(5, now=20)  # every entry expired after ttl_s
 

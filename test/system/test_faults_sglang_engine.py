@@ -417,15 +417,20 @@ def test_frozen_decode_past_the_transfer_timeout(engine):
 
 
 def test_more_requests_than_decode_runs_at_once(engine):
-    """Three times D's --max-running-requests at once: each completes whole (D queues them), D stays up."""
+    """Three times D's --max-running-requests at once: each completes whole (D queues them), D stays up.
+    The prompts are just over W, so P computes a few prefix tokens each: with 300-token prompts, P's six
+    prefixes on a loaded 2-core box outlasted this module's shortened PD waits (P's 10 s bootstrap wait, D's
+    20 s transfer wait) and SGLang failed the transfers, which is the wait's job, not this test's subject."""
     n = 3 * D_MAX_RUNNING
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(post, engine.router.url + "/generate", {
-            "input_ids": prompt_of(300 + i), "sampling_params": {"max_new_tokens": 24, "temperature": 0,
-                                                                 "ignore_eos": True}}, 300) for i in range(n)]
+            "input_ids": prompt_of(WINDOW + 1 + i), "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                                                        "ignore_eos": True}}, 300)
+                   for i in range(n)]
         results = [f.result(timeout=320) for f in futures]
-    assert [(status, body["meta_info"]["completion_tokens"]) for status, body in results] == [(200, 24)] * n
+    answers = [(status, body.get("meta_info", {}).get("completion_tokens", body)) for status, body in results]
+    assert answers == [(200, 24)] * n, answers
     assert engine.decode.proc.poll() is None
     back_s = settled(engine)
     record("engine_decode_over_max_running", concurrent=n, decode_max_running=D_MAX_RUNNING,

@@ -32,6 +32,7 @@ holds for them.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import os
@@ -137,6 +138,17 @@ def environment_defaults(deadline_s: float) -> None:
         os.environ.setdefault(name, str(max(1, min(math.ceil(deadline_s), SGLANG_PD_WAIT_S))))
 
 
+class RoomDecision(enum.Enum):
+    """A server's answer for a room; true only when the room is held."""
+
+    ADMITTED = "admitted"
+    FULL = "full"  # the server holds its limit of rooms
+    ENDED = "ended"  # the room was already closed here (refused, or ended early by this server or its peer)
+
+    def __bool__(self) -> bool:
+        return self is RoomDecision.ADMITTED
+
+
 @dataclass
 class RoomTable:
     """The rooms a server holds (admitted, not ended) and the ones it closed (refused or ended), each
@@ -154,20 +166,20 @@ class RoomTable:
             for room in [r for r, expiry in table.items() if expiry <= now]:
                 del table[room]
 
-    def decide(self, room: int, now: float | None = None) -> bool:
-        """True if `room` is (or now becomes) held; a decision, once made, stands."""
+    def decide(self, room: int, now: float | None = None) -> RoomDecision:
+        """ADMITTED if `room` is (or now becomes) held; a decision, once made, stands."""
         now = time.monotonic() if now is None else now
         with self.lock:
             self._purge(now)
             if room in self.closed:
-                return False
+                return RoomDecision.ENDED
             if room in self.held:
-                return True
+                return RoomDecision.ADMITTED
             if len(self.held) < self.limit:
                 self.held[room] = now + self.ttl_s
-                return True
+                return RoomDecision.ADMITTED
             self.closed[room] = now + self.ttl_s
-            return False
+            return RoomDecision.FULL
 
     def release(self, room: int) -> None:
         """Forgets `room`, whose request ended normally: the same room again (a rebootstrap after D's
@@ -308,9 +320,14 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
     if refusal is not None:  # both sides refuse it alike: no room is decided for it on either
         raise AsymAdmissionError(refusal)
     room = obj.bootstrap_room
-    if not gate.rooms.decide(room):
+    decision = gate.rooms.decide(room)
+    if not decision:
         if not gate.is_prefill:
             close_on_prefill(obj)
+        if decision is RoomDecision.ENDED:
+            log.warning("refused room %s: it was already ended here or by the peer worker", room)
+            raise Overloaded("sglang-asym: this request's room was already ended (refused or aborted by the "
+                             "other worker of the pair); retry later", limits.retry_after_s)
         log.warning("refused room %s: %d requests held (limit %d)", room, gate.rooms.holding(), limits.limit)
         raise Overloaded(f"sglang-asym: this server holds its limit of {limits.limit} requests "
                          f"(--max-running-requests + --max-queued-requests); retry later", limits.retry_after_s)
@@ -367,7 +384,7 @@ async def handle_admission(server: Any, request: Any) -> Any:
     if body.get("op") == "close":
         gate.close_from_peer(room)
         return web.json_response({"admitted": False})
-    return web.json_response({"admitted": gate.rooms.decide(room)})
+    return web.json_response({"admitted": bool(gate.rooms.decide(room))})
 
 
 def after_manager_init(result: Any, manager: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
