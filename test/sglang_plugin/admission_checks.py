@@ -83,6 +83,7 @@ def refused_requests_take_no_room():
         except AsymAdmissionError as refused:
             assert refused.status_code == 400
             assert gate.rooms.holding() == 0 and gate.rooms.decide(7)  # the room was never decided
+            assert obj.is_single is True  # read by the abort task SGLang's HTTP front runs after a stream
             return str(refused)
 
     for is_prefill in (True, False):

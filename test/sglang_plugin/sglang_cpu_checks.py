@@ -1058,7 +1058,8 @@ def relayed_refusal() -> dict:
             result = asyncio.run(around_handle_abort_finish_reason(
                 TokenizerManager._handle_abort_finish_reason, manager, out, state, stream))
         except ValueError as exc:
-            return {"raised": "ValueError", "message": str(exc), **left, "in_flight": sorted(manager.rid_to_state)}
+            return {"raised": type(exc).__name__, "status": getattr(exc, "status_code", None), "message": str(exc),
+                    **left, "in_flight": sorted(manager.rid_to_state)}
         except HTTPException as exc:
             return {"raised": "HTTPException", "status": exc.status_code, "message": exc.detail,
                     **left, "in_flight": sorted(manager.rid_to_state)}

@@ -1,7 +1,7 @@
 """relayed_refusal.py and prefill/refusal.py: P's refusal reaches D in words that carry P's status (on the recording
 stand-in for SGLang's manager of test_room_lifecycle.py), and D's tokenizer manager answers the abort its decode
-queue makes of them with that status and P's words (SGLang's own _handle_abort_finish_reason, in a fresh
-process); a failure of P's own stays SGLang's 500."""
+queue makes of them with that status and P's words, as a ValueError on a stream too (SGLang's own
+_handle_abort_finish_reason, in a fresh process); a failure of P's own stays SGLang's 500."""
 
 from __future__ import annotations
 
@@ -79,12 +79,13 @@ def test_ds_tokenizer_manager_answers_a_relayed_refusal_with_ps_status():
     assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
     report = json.loads(lines[0].removeprefix("REPORT "))
     refused = REFUSED_MESSAGE.format(message=TOO_LONG)
-    plain, stream = report["refused"]["plain"], report["refused"]["stream"]
-    # SGLang's HTTP front answers the ValueError with a 400; the stream's abort event carries the 400 as an
-    # HTTPStatus (which SGLang's OpenAI layer makes an error event of); the request's state is gone either way
-    assert (plain["raised"], plain["message"], plain["in_flight"]) == ("ValueError", refused, [])
-    assert (stream["raised"], stream["status"], stream["http_status"], stream["message"], stream["in_flight"]) == \
-        (None, 400, True, refused, [])
+    # raised as SGLang raises a 400 abort, on a stream too (as D's own refusals before the first item): SGLang's
+    # HTTP front answers with its status_code, a /generate stream with an error event of that code; the
+    # request's state is gone either way
+    for answer in report["refused"].values():
+        assert (answer["raised"], answer["status"], answer["message"], answer["in_flight"]) == \
+            ("RelayedRefusal", 400, refused, [])
+    plain = report["refused"]["plain"]
     assert plain["d_message"].startswith("Decode handshake failed for request rank=0")
     for name in ("failed", "aborted"):  # a failure of P's own: SGLang's 500 and D's words, untouched
         plain, stream = report[name]["plain"], report[name]["stream"]

@@ -17,8 +17,8 @@
   SamplingParams.verify rejects; SGLang's own tokenizer manager: a prompt longer than the context length),
   a prompt only P refuses (longer than P's scheduler takes: P's pool is the smaller; P relays its 400 to D,
   prefill/refusal.py, and D answers with it, shared/relayed_refusal.py), and a stream its client closes
-  mid-way. Each is answered within 2 s with a 4xx (a refused stream: its error event, with the same code;
-  the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker unhealthy,
+  mid-way. Each is answered within 2 s with a 4xx (a refused /generate stream: an error event with the same
+  code; the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker unhealthy,
   and the next request served.
 """
 
@@ -148,11 +148,11 @@ def _refused_at_once(pair, call) -> Exception:
     return refused.value
 
 
-def _generate_refused_at_once(pair, body: dict, status: int | None = None) -> str:
-    """/generate through the router answers `body` with a 4xx (`status` when given) within REFUSAL_S; returns the
-    error text."""
+def _generate_refused_at_once(pair, body: dict, status: int | None = None, route: str = "/generate") -> str:
+    """`route` (/generate) through the router answers `body` with a 4xx (`status` when given) within REFUSAL_S;
+    returns the error text."""
     start = time.monotonic()
-    answered, answer = post(pair["router"].url + "/generate", body, timeout_s=60)
+    answered, answer = post(pair["router"].url + route, body, timeout_s=60)
     took = time.monotonic() - start
     assert 400 <= answered < 500 and answered == (status or answered) and took < REFUSAL_S, (answered, took, answer)
     _recovers(pair, REFUSAL_S)
@@ -320,7 +320,8 @@ def test_a_prompt_longer_than_the_prefill_worker_takes_is_refused_with_its_400(p
     """SGLang's scheduler takes prompts shorter than its max_req_input_len, bounded by the server's own pool: P's
     (P_POOL_TOKENS) is the smaller, so P refuses at its door a prompt D would take, with a 400. D hears it from P
     (prefill/refusal.py) and answers the client with P's 400 and words (shared/relayed_refusal.py), not a failed
-    handshake's 500; on a stream, SGLang's abort event (/generate) or error event (OpenAI) with the 400."""
+    handshake's 500; a /generate stream, an error event with code 400; an OpenAI stream, a 400 before any chunk
+    (as SGLang answers the refusals D makes itself)."""
     from transformers import AutoTokenizer
 
     p_limit, d_limit = (server_info(pair[role])["max_req_input_len"] for role in ("prefill", "decode"))
@@ -329,9 +330,8 @@ def test_a_prompt_longer_than_the_prefill_worker_takes_is_refused_with_its_400(p
     body = {"input_ids": prompt_of(p_limit), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     refused = _generate_refused_at_once(pair, body, 400)
     assert "sglang-asym: the prefill worker refused the request: " + words in refused
-    [event] = _stream_refused_at_once(pair, "/generate", body)
-    finish = event["meta_info"]["finish_reason"]
-    assert (finish["type"], finish["status_code"]) == ("abort", 400) and words in finish["message"], finish
+    events = _stream_refused_at_once(pair, "/generate", body)
+    assert [(e["error"]["code"], words in e["error"]["message"]) for e in events] == [(400, True)], events
 
     prompt = text_of(BEYOND_PREFILL_WORDS)
     tokens = len(AutoTokenizer.from_pretrained(pair["checkpoint"])(prompt)["input_ids"])
@@ -339,10 +339,9 @@ def test_a_prompt_longer_than_the_prefill_worker_takes_is_refused_with_its_400(p
     refused = _refused_at_once(pair, lambda: client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
                                                                         temperature=0))
     assert refused.status_code == 400 and f"exceeds the maximum allowed length ({p_limit} tokens)" in str(refused)
-    events = _stream_refused_at_once(pair, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 4,
-                                                               "temperature": 0})
-    assert [(e["error"]["code"], f"allowed length ({p_limit} tokens)" in e["error"]["message"]) for e in events] \
-        == [(400, True)], events
+    refused = _generate_refused_at_once(pair, {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                               "stream": True}, 400, "/v1/completions")
+    assert f"exceeds the maximum allowed length ({p_limit} tokens)" in refused
 
 
 def test_stream_closed_by_its_client_ends_on_both_roles(pair, client):

@@ -338,12 +338,14 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
         return
     refusal = refusal_of(obj, getattr(getattr(manager, "model_config", None), "vocab_size", None))
     if refusal is not None:  # both sides refuse it alike: no room is decided for it on either
+        answerable(obj)
         raise AsymAdmissionError(refusal)
     room = obj.bootstrap_room
     if not gate.rooms.decide(room):
         if not gate.is_prefill:
             close_on_prefill(obj)
         log.warning("refused room %s: %d requests held (limit %d)", room, gate.rooms.holding(), limits.limit)
+        answerable(obj)
         raise Overloaded(f"sglang-asym: this server holds its limit of {limits.limit} requests "
                          f"(--max-running-requests + --max-queued-requests); retry later", limits.retry_after_s)
     ended, refused_with = False, None
@@ -367,6 +369,7 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
             yield item
     except ValueError as exc:
         refused_with = client_refusal(exc) if gate.is_prefill else None  # for D's question, if it comes after
+        answerable(obj)
         raise
     finally:
         if ended:
@@ -375,6 +378,14 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
             gate.rooms.close(room, refusal=refused_with)
             if not gate.is_prefill:
                 close_on_prefill(obj)  # D refused or ended the room early: P's copy must not wait for it
+
+
+def answerable(obj: Any) -> None:
+    """A request the gate refuses before SGLang normalized it lacks `is_single`, which the abort task SGLang's
+    HTTP front runs after a stream's response reads (an AttributeError 2 s after the answer, in D's ASGI app):
+    set as normalizing would, from the rids the request carries."""
+    if not hasattr(obj, "is_single"):
+        obj.is_single = not isinstance(obj.rid, (list, tuple))
 
 
 def finished_normally(item: Any) -> bool:

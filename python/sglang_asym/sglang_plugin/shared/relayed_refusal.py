@@ -11,10 +11,10 @@ its own too-long prompt.
 P's relay therefore carries P's status in its words (`relay_reason`, which also holds
 room_lifecycle.PREFILL_ABORT_WORDS: D's recompute fallback leaves the room alone), and D's tokenizer
 manager answers such an abort with that status and P's words (hooked on
-`TokenizerManager._handle_abort_finish_reason`, where SGLang turns a scheduler's abort into the answer:
-400 raises the ValueError its HTTP front answers with a 400; on a stream the abort event keeps the status,
-which SGLang's OpenAI layer sends as an error event with that code). Only a 4xx is taken over: a failure of
-P's own stays SGLang's 500.
+`TokenizerManager._handle_abort_finish_reason`, where SGLang turns a scheduler's abort into the answer): a
+ValueError with the status, on a stream too, as for the refusals D makes itself before the first item (SGLang's
+HTTP front answers /generate with that status, a /generate stream with an SSE error event of that code, an
+OpenAI request or stream with a 400). Only a 4xx is taken over: a failure of P's own stays SGLang's 500.
 
 Limits both roles decide alike (the context length, SGLang's tokenizer manager on each side) never get
 here: both sides answer those with a 400 before any bootstrap.
@@ -53,15 +53,31 @@ def relayed_refusal(text: str) -> tuple[HTTPStatus, str] | None:
     return status, REFUSED_MESSAGE.format(message=match.group(3))
 
 
-def around_handle_abort_finish_reason(original: Callable, manager: Any, out: dict, *args: Any, **kwargs: Any) -> Any:
+class RelayedRefusal(ValueError):
+    """P's refusal, raised where SGLang raises a 400 abort: its HTTP front answers with `status_code`."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+async def _refuse(original: Callable, manager: Any, out: dict, state: Any, status: HTTPStatus, message: str) -> Any:
+    await original(manager, out, state, True)  # SGLang's cleanup of the request's state; returns `out` for a stream
+    raise RelayedRefusal(message, int(status))
+
+
+def around_handle_abort_finish_reason(original: Callable, manager: Any, out: dict, state: Any, is_stream: bool,
+                                      *args: Any, **kwargs: Any) -> Any:
     reason = (out.get("meta_info") or {}).get("finish_reason") if isinstance(out, dict) else None
     if isinstance(reason, dict) and reason.get("type") == "abort":
         refused = relayed_refusal(str(reason.get("message") or ""))
         if refused is not None:
             status, message = refused
-            # an HTTPStatus, as SGLang's own aborts carry it: its OpenAI stream makes an error event only of one
             out["meta_info"]["finish_reason"] = {**reason, "status_code": status, "message": message}
-    return original(manager, out, *args, **kwargs)
+            # raised on a stream too, as the refusals D makes itself before the first item: /generate answers
+            # with an SSE error event of that code, an OpenAI stream with an HTTP 400 before any chunk
+            return _refuse(original, manager, out, state, status, message)
+    return original(manager, out, state, is_stream, *args, **kwargs)
 
 
 def install_relayed_refusal() -> None:
