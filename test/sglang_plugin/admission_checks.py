@@ -83,6 +83,7 @@ def refused_requests_take_no_room():
         except AsymAdmissionError as refused:
             assert refused.status_code == 400
             assert gate.rooms.holding() == 0 and gate.rooms.decide(7)  # the room was never decided
+            assert obj.is_single is True  # read by the abort task SGLang's HTTP front runs after a stream
             return str(refused)
 
     for is_prefill in (True, False):
@@ -119,6 +120,65 @@ def unreachable_prefill_refuses_unless_decode_recomputes():
 
     assert [item["text"] for item in asyncio.run(one(recomputes=True))] == ["ok"]
     assert asyncio.run(one(recomputes=False)) is None
+
+
+def prefill_refusal_answers_the_decode_question():
+    """P's launcher refused its copy of a room with a 400 (SGLang's tokenizer manager: a prompt longer than the
+    context length, which D refuses alike) before D asked about the room: P's bootstrap server answers D's
+    question with that refusal, and D's client gets the same 400 in P's words, not the 503 that says P is full
+    (which a room P closed for any other reason still reads as)."""
+    from aiohttp import web
+
+    from sglang_asym.sglang_plugin.shared.admission import DeadlinePassed, PrefillRefused
+    from sglang_asym.sglang_plugin.shared.relayed_refusal import REFUSED_MESSAGE
+
+    words = "The input (16385 tokens) is longer than the model's context length (16384 tokens)."
+
+    def failing(exc):
+        async def original(_manager, _obj, *args):
+            raise exc
+            yield
+        return original
+
+    async def served(_manager, _obj, *args):
+        yield {"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}
+
+    async def run(gate, original, room, port):
+        obj = types.SimpleNamespace(rid=f"r{room}", bootstrap_room=room, bootstrap_host="127.0.0.1",
+                                    bootstrap_port=port)
+        try:
+            return [item["text"] async for item in admission.around_generate_request(original, gate.manager, obj)]
+        except ValueError as exc:
+            return (type(exc).__name__, getattr(exc, "status_code", None), str(exc))
+
+    async def drive():
+        prefill = AdmissionGate.for_manager(RecordingManager(), AdmissionLimits(4, 0, 30), is_prefill=True)
+        decode = AdmissionGate.for_manager(RecordingManager(), AdmissionLimits(4, 0, 30), is_prefill=False)
+        for gate in (prefill, decode):
+            setattr(gate.manager, admission.GATE_ATTR, gate)
+        bootstrap = types.SimpleNamespace(app=web.Application())  # P's bootstrap server, with its routes
+        setattr(bootstrap, admission.GATE_ATTR, prefill)
+        admission.after_bootstrap_routes(None, bootstrap)
+        runner = web.AppRunner(bootstrap.app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            assert await run(prefill, failing(ValueError(words)), 11, port) == ("ValueError", None, words)
+            assert await run(decode, served, 11, port) == ("PrefillRefused", 400, REFUSED_MESSAGE.format(message=words))
+            assert await run(prefill, failing(DeadlinePassed("past its deadline")), 12, port) == \
+                ("DeadlinePassed", 503, "past its deadline")
+            assert (await run(decode, served, 12, port))[:2] == ("Overloaded", 503)
+            assert await run(decode, served, 13, port) == ["ok"]  # D asked first: admitted
+            assert await run(prefill, served, 13, port) == ["ok"]
+            assert prefill.rooms.holding() == decode.rooms.holding() == 0
+            assert prefill.rooms.refusals == {11: (400, words)}
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(drive())
+    assert issubclass(PrefillRefused, ValueError)  # SGLang's HTTP front answers it with its status_code
 
 
 def limits_from_the_published_pool():
@@ -220,7 +280,8 @@ if __name__ == "__main__":
     passed = []
     for check in (prefill_refuses_beyond_its_limit, refused_requests_take_no_room,
                   unreachable_prefill_refuses_unless_decode_recomputes,
-                  retry_after_header, deadline_flag, canaries, limits_from_the_published_pool):
+                  retry_after_header, deadline_flag, canaries, limits_from_the_published_pool,
+                  prefill_refusal_answers_the_decode_question):
         check()
         passed.append(check.__name__)
     print("REPORT " + " ".join(passed))

@@ -876,6 +876,13 @@ ASYM_RELIED_ON = {
     # prefill/refusal.py: a prompt longer than P's pool is refused at intake and retired at the queue's door
     "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add": [
         "if is_unadmitted_reject(req):", "self.scheduler.retire_unadmitted_request(req)"],
+    # relayed_refusal.py: an abort's status is the answer's (a 400 the ValueError the HTTP front answers with a
+    # 400), and the OpenAI stream makes an error event of an abort whose status is an HTTPStatus
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_finish_reason": [
+        'status_code = finish_reason.get("status_code")', "if status_code == HTTPStatus.BAD_REQUEST:",
+        'raise ValueError(finish_reason["message"])', "return out"],
+    "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._generate_completion_stream": [
+        'if finish_reason_type == "abort" and isinstance(', 'finish_reason.get("status_code"), HTTPStatus'],
 }
 ASYM_SIGNATURES = (
     "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
@@ -905,6 +912,7 @@ ASYM_SIGNATURES = (
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_finish_reason",
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.poll",
@@ -1009,9 +1017,65 @@ def prefill_stop() -> dict:
             "no_sender": step(KVPoll.Failed, with_sender=False)}
 
 
+def relayed_refusal() -> dict:
+    """relayed_refusal.py's hook over SGLang's own _handle_abort_finish_reason, for the abort D's decode queue
+    gives a request whose handshake P failed (decode.py's words, SGLang's KVTransferError around P's reason):
+    a refusal P relayed with a 400, a relayed failure of P's own (500), and P's plain abort words; each as a
+    non-stream request and as a stream."""
+    import asyncio
+    import types
+    from http import HTTPStatus
+
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin.cpu_platform.startup import STARTUP_GAPS
+
+    cpu_import_gaps.install(STARTUP_GAPS)
+    from fastapi import HTTPException
+    from sglang.srt.disaggregation.common.conn import KVTransferError
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
+    from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
+
+    from sglang_asym.sglang_plugin.shared.relayed_refusal import around_handle_abort_finish_reason, relay_reason
+    from sglang_asym.sglang_plugin.shared.room_lifecycle import PREFILL_ABORT_WORDS
+
+    room = 77
+    reasons = {"refused": relay_reason(room, HTTPStatus.BAD_REQUEST, INPUT_TOO_LONG),
+               "failed": relay_reason(room, HTTPStatus.INTERNAL_SERVER_ERROR, "the room's sender failed"),
+               "aborted": f"sglang-asym: request of room {room} {PREFILL_ABORT_WORDS}"}
+
+    def answer(reason: str, stream: bool) -> dict:
+        manager = types.SimpleNamespace(rid_to_state={}, enable_lora=False)
+        manager._release_lora_once = types.MethodType(TokenizerManager._release_lora_once, manager)
+        obj = GenerateReqInput(input_ids=[5, 6, 7], rid="r", stream=stream)
+        state = manager.rid_to_state["r"] = ReqState([], False, asyncio.Event(), obj, APIServerReqTimeStats())
+        message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='r' "
+                   f"decode_req.req.bootstrap_room={room} with exception {KVTransferError(room, reason)}")
+        out = {"meta_info": {"finish_reason": {"type": "abort", "message": message, "err_type": None,
+                                               "status_code": HTTPStatus.INTERNAL_SERVER_ERROR}}}
+        left = {"in_flight": sorted(manager.rid_to_state), "d_message": message}
+        try:
+            result = asyncio.run(around_handle_abort_finish_reason(
+                TokenizerManager._handle_abort_finish_reason, manager, out, state, stream))
+        except ValueError as exc:
+            return {"raised": type(exc).__name__, "status": getattr(exc, "status_code", None), "message": str(exc),
+                    **left, "in_flight": sorted(manager.rid_to_state)}
+        except HTTPException as exc:
+            return {"raised": "HTTPException", "status": exc.status_code, "message": exc.detail,
+                    **left, "in_flight": sorted(manager.rid_to_state)}
+        finish = result["meta_info"]["finish_reason"]
+        return {"raised": None, "status": int(finish["status_code"]), "message": finish["message"],
+                "http_status": isinstance(finish["status_code"], HTTPStatus), **left,
+                "in_flight": sorted(manager.rid_to_state)}
+
+    return {name: {"plain": answer(reason, False), "stream": answer(reason, True)} for name, reason in reasons.items()}
+
+
+INPUT_TOO_LONG = ("Input length (3000 tokens) exceeds the maximum allowed length (2042 tokens). Use a shorter input "
+                  "or enable --allow-auto-truncate.")
 CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload,
           "intake": intake, "asym_hooks": asym_hooks, "force_exit": force_exit,
-          "prefill_stop": prefill_stop}
+          "prefill_stop": prefill_stop, "relayed_refusal": relayed_refusal}
 
 if __name__ == "__main__":
     report = CHECKS[sys.argv[1]](*sys.argv[2:])

@@ -108,7 +108,8 @@ def test_sglang_side_checks_in_a_fresh_process():
 
 CHECKS = ("prefill_refuses_beyond_its_limit", "refused_requests_take_no_room",
           "unreachable_prefill_refuses_unless_decode_recomputes",
-          "retry_after_header", "deadline_flag", "canaries", "limits_from_the_published_pool")
+          "retry_after_header", "deadline_flag", "canaries", "limits_from_the_published_pool",
+          "prefill_refusal_answers_the_decode_question")
 
 
 @pytest.mark.parametrize("deadline_s, wait", [(40.0, "40"), (120.0, "120"), (900.0, "300"), (0.2, "1")])

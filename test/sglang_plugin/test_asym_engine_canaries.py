@@ -89,6 +89,9 @@ EXPECTED_SIGNATURES = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler": ["self"],
     # admission_check.py's hook in an asymmetric server's launcher process
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state": ["self", "obj", "request"],
+    # relayed_refusal.py's hook in an asymmetric server's launcher process
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_finish_reason":
+        ["self", "out", "state", "is_stream"],
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_req": ["self", "recv_obj"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.abort": ["self"],
     "sglang.srt.disaggregation.common.conn.CommonKVManager._room_notify_targets": ["self", "bootstrap_room"],

@@ -14,9 +14,12 @@
 - SGLang's own bench_serving (random dataset) through the router: every request completes;
 - one case per class of refusal or failure, each ended on both roles at once: what both roles refuse alike
   before any bootstrap (admission_check.py: prompt logprobs, n > 1, sampling parameters SGLang's
-  SamplingParams.verify rejects), and a stream its client closes mid-way. Each is answered within 2 s
-  with a 4xx (the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker
-  unhealthy, and the next request served.
+  SamplingParams.verify rejects; SGLang's own tokenizer manager: a prompt longer than the context length),
+  a prompt only P refuses (longer than P's scheduler takes: P's pool is the smaller; P relays its 400 to D,
+  prefill/refusal.py, and D answers with it, shared/relayed_refusal.py), and a stream its client closes
+  mid-way. Each is answered within 2 s with a 4xx (a refused /generate stream: an error event with the same
+  code; the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker unhealthy,
+  and the next request served.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ import pytest
 from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
 from sglang_asym.testing.bench_serving_client import RandomLoad, requested_lengths, run_bench_serving, unserved
 from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import post
+from sglang_asym.testing.server_process import post, post_stream
 
 from .helpers import serving
 from .sglang_servers import (DETERMINISTIC, ONE_CHUNK, asym_reference, greedy, patient_router, prompt_of,
-                             reference_model, settle, sglang_server, sglang_workspace, used_tokens)
+                             reference_model, server_info, settle, sglang_server, sglang_workspace, used_tokens)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -50,6 +53,9 @@ ABORT_S = 5.0  # a stream its client closed is ended on both roles, and both poo
 MODEL = "v41-small"
 # no match of it ends within a case's 8 tokens, so the grammar never asks for the end of the sequence
 CONSTRAINT = "(ab|cd){50}"
+# text_of(words) is about 3.8 tokens a word: beyond the context length (16384), and between P's and D's prompt limits
+LONGER_THAN_CONTEXT_WORDS = 5000
+BEYOND_PREFILL_WORDS = 1000
 
 
 def text_of(words: int) -> str:
@@ -142,14 +148,25 @@ def _refused_at_once(pair, call) -> Exception:
     return refused.value
 
 
-def _generate_refused_at_once(pair, body: dict) -> str:
-    """/generate through the router answers `body` with a 4xx within REFUSAL_S; returns the error text."""
+def _generate_refused_at_once(pair, body: dict, status: int | None = None, route: str = "/generate") -> str:
+    """`route` (/generate) through the router answers `body` with a 4xx (`status` when given) within REFUSAL_S;
+    returns the error text."""
     start = time.monotonic()
-    status, answer = post(pair["router"].url + "/generate", body, timeout_s=60)
+    answered, answer = post(pair["router"].url + route, body, timeout_s=60)
     took = time.monotonic() - start
-    assert 400 <= status < 500 and took < REFUSAL_S, (status, took, answer)
+    assert 400 <= answered < 500 and answered == (status or answered) and took < REFUSAL_S, (answered, took, answer)
     _recovers(pair, REFUSAL_S)
     return json.dumps(answer)
+
+
+def _stream_refused_at_once(pair, route: str, body: dict) -> list[dict]:
+    """A stream through the router (`route`) that ends within REFUSAL_S; returns its events."""
+    start = time.monotonic()
+    events = post_stream(pair["router"].url + route, {**body, "stream": True}, timeout_s=60)
+    took = time.monotonic() - start
+    assert took < REFUSAL_S, (took, events)
+    _recovers(pair, REFUSAL_S)
+    return events
 
 
 def test_openai_output_logprobs_one_per_greedy_token(pair, client):
@@ -271,6 +288,60 @@ def test_invalid_sampling_parameters_are_refused_by_both_roles_at_once(pair, cli
     refused = _generate_refused_at_once(pair, {"input_ids": prompt_of(300),
                                                "sampling_params": {"max_new_tokens": 4, **sampling}})
     assert next(iter(sampling)) in refused
+
+
+def _context_length(pair) -> int:
+    """The model's context length, as both workers state it (SGLang's /v1/models)."""
+    lengths = []
+    for role in ("prefill", "decode"):
+        with urllib.request.urlopen(pair[role].url + "/v1/models", timeout=30) as resp:
+            lengths.append(json.loads(resp.read())["data"][0]["max_model_len"])
+    assert lengths[0] == lengths[1], lengths
+    return lengths[0]
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_both_roles_at_once(pair, client):
+    """SGLang's tokenizer manager refuses it on each role alike (the same model, the same context length) before
+    any bootstrap."""
+    context = _context_length(pair)
+    words = f"The input ({context + 1} tokens) is longer than the model's context length ({context} tokens)"
+    refused = _generate_refused_at_once(pair, {"input_ids": prompt_of(context + 1),
+                                               "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, 400)
+    assert words in refused
+    events = _stream_refused_at_once(pair, "/generate", {"input_ids": prompt_of(context + 1),
+                                                         "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    assert [(e["error"]["code"], words in e["error"]["message"]) for e in events] == [(400, True)]
+    prompt = text_of(LONGER_THAN_CONTEXT_WORDS)
+    refused = _refused_at_once(pair, lambda: client.completions.create(model=MODEL, prompt=prompt, max_tokens=4))
+    assert refused.status_code == 400 and f"longer than the model's context length ({context} tokens)" in str(refused)
+
+
+def test_a_prompt_longer_than_the_prefill_worker_takes_is_refused_with_its_400(pair, client):
+    """SGLang's scheduler takes prompts shorter than its max_req_input_len, bounded by the server's own pool: P's
+    (P_POOL_TOKENS) is the smaller, so P refuses at its door a prompt D would take, with a 400. D hears it from P
+    (prefill/refusal.py) and answers the client with P's 400 and words (shared/relayed_refusal.py), not a failed
+    handshake's 500; a /generate stream, an error event with code 400; an OpenAI stream, a 400 before any chunk
+    (as SGLang answers the refusals D makes itself)."""
+    from transformers import AutoTokenizer
+
+    p_limit, d_limit = (server_info(pair[role])["max_req_input_len"] for role in ("prefill", "decode"))
+    assert p_limit < P_POOL_TOKENS < d_limit, (p_limit, d_limit)
+    words = f"Input length ({p_limit} tokens) exceeds the maximum allowed length ({p_limit} tokens)"
+    body = {"input_ids": prompt_of(p_limit), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    refused = _generate_refused_at_once(pair, body, 400)
+    assert "sglang-asym: the prefill worker refused the request: " + words in refused
+    events = _stream_refused_at_once(pair, "/generate", body)
+    assert [(e["error"]["code"], words in e["error"]["message"]) for e in events] == [(400, True)], events
+
+    prompt = text_of(BEYOND_PREFILL_WORDS)
+    tokens = len(AutoTokenizer.from_pretrained(pair["checkpoint"])(prompt)["input_ids"])
+    assert p_limit <= tokens < d_limit, (tokens, p_limit, d_limit)
+    refused = _refused_at_once(pair, lambda: client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                                                        temperature=0))
+    assert refused.status_code == 400 and f"exceeds the maximum allowed length ({p_limit} tokens)" in str(refused)
+    refused = _generate_refused_at_once(pair, {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                               "stream": True}, 400, "/v1/completions")
+    assert f"exceeds the maximum allowed length ({p_limit} tokens)" in refused
 
 
 def test_stream_closed_by_its_client_ends_on_both_roles(pair, client):

@@ -19,7 +19,10 @@
                                     CommonKVBootstrapServer._setup_routes AFTER, http_server.
                                     _create_error_response AFTER for Retry-After) and
                                     the refusals both roles make alike before any bootstrap
-                                    (shared/admission_check.py: TokenizerManager._init_req_state AROUND)
+                                    (shared/admission_check.py: TokenizerManager._init_req_state AROUND),
+                                    and P's refusals relayed to D answered with P's 4xx, not a 500
+                                    (shared/relayed_refusal.py: TokenizerManager._handle_abort_finish_reason
+                                    AROUND)
   ServerArgs.from_cli_args also sets, for an asym server, the environment defaults its processes
                                     inherit: the PD waits bounded by --asym-request-deadline-s
                                     (shared/admission.py) and /health as liveness (shared/liveness.py)
@@ -119,10 +122,12 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
     if role == TOKENIZER_ROLE and settings_of(server_args) is not None:
         from .shared.admission_check import install_admission_check
         from .shared.drain import install_drain_refusal
+        from .shared.relayed_refusal import install_relayed_refusal
 
         admission.register_admission()  # applied with the drain refusal's hooks (one generate_request chain)
         install_drain_refusal()
         install_admission_check()
+        install_relayed_refusal()
     if role != SCHEDULER_ROLE:
         return
     asymmetric = settings_of(server_args) is not None

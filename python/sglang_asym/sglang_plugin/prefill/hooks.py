@@ -91,7 +91,8 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     if settings is not None and settings.is_prefill and is_unadmitted_reject(req):
         # SGLang's intake refused it (it retires the one-token stub): D admitted it too and must hear so
         reason = req.finished_reason or req.to_finish
-        refusal_relay.relay_refusal(queue.kv_manager, req.bootstrap_room, getattr(reason, "message", str(reason)))
+        refusal_relay.relay_refusal(queue.kv_manager, req.bootstrap_room, getattr(reason, "message", str(reason)),
+                                    getattr(reason, "status_code", None))
         return original(queue, req, *args, **kwargs)
     # a re-queued request keeps its cut
     if settings is None or not settings.is_prefill or prompt_len_of(req) is not None:
@@ -119,7 +120,7 @@ def around_prefill_queue_add(original: Callable, queue: Any, req: Any, *args: An
     # as SGLang's own capacity refusal in this queue: nothing is held yet, the client gets the error
     status, message = refusal
     log.error("request %s refused: %s", req.rid, message)
-    refusal_relay.relay_refusal(queue.kv_manager, req.bootstrap_room, message)
+    refusal_relay.relay_refusal(queue.kv_manager, req.bootstrap_room, message, status)
     prepare_abort(req, message, status_code=status)
     queue.scheduler.output_streamer.stream_output([req], req.return_logprob)
     return None

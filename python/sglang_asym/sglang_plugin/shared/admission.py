@@ -19,7 +19,10 @@ server (TokenizerManager.generate_request AROUND):
              refuses, or that D ends early, is closed on P: P's copy is refused on arrival or aborted.
              A room whose request ends normally is forgotten: D's retraction sends P the same room
              again (a rebootstrap), decided anew. A P that does not answer refuses the room, unless
-             D recomputes what P cannot send (--asym-transfer-fallback recompute).
+             D recomputes what P cannot send (--asym-transfer-fallback recompute). A room whose copy P's
+             launcher refused with a 4xx before D asked (SGLang's tokenizer manager: a prompt longer than
+             the context length, which D refuses alike) is answered with that refusal, and D's client gets
+             the same 4xx in P's words, not a 503 that says P is full.
   deadline   every admitted request ends within --asym-request-deadline-s on each side: past it, the
              request is aborted in its scheduler (which frees its pool slots and tells the peer) and
              the client gets a 503 that says so. The scheduler's own PD waits (P's bootstrap wait,
@@ -39,9 +42,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, AsyncIterator, Callable
 
 from .admission_check import AsymAdmissionError, refusal_of
+from .relayed_refusal import REFUSED_MESSAGE
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,20 @@ class PeerUnreachable(Overloaded):
 
 class DeadlinePassed(ValueError):
     status_code = 503
+
+
+class PrefillRefused(ValueError):
+    """P's launcher refused the room's request with a 4xx (its `status_code`) before D asked about the room."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(REFUSED_MESSAGE.format(message=message))
+        self.status_code = status_code
+
+
+def client_refusal(exc: BaseException) -> tuple[int, str] | None:
+    """(status, words) of an error SGLang's HTTP front answers with a 4xx; None for any other."""
+    status = int(getattr(exc, "status_code", HTTPStatus.BAD_REQUEST))
+    return (status, str(exc)) if isinstance(exc, ValueError) and 400 <= status < 500 else None
 
 
 @dataclass(frozen=True)
@@ -151,20 +170,23 @@ class RoomDecision(enum.Enum):
 
 @dataclass
 class RoomTable:
-    """The rooms a server holds (admitted, not ended) and the ones it closed (refused or ended), each
-    remembered for `ttl_s` so a late question about the room gets the same answer. Thread-safe: P's
-    bootstrap server answers in its own thread."""
+    """The rooms a server holds (admitted, not ended) and the ones it closed (refused or ended; with the 4xx
+    its own request was refused with, if it was), each remembered for `ttl_s` so a late question about the
+    room gets the same answer. Thread-safe: P's bootstrap server answers in its own thread."""
 
     limit: int
     ttl_s: float
     held: dict[int, float] = field(default_factory=dict)
     closed: dict[int, float] = field(default_factory=dict)
+    refusals: dict[int, tuple[int, str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _purge(self, now: float) -> None:
         for table in (self.held, self.closed):
             for room in [r for r, expiry in table.items() if expiry <= now]:
                 del table[room]
+        for room in [r for r in self.refusals if r not in self.closed]:
+            del self.refusals[room]
 
     def decide(self, room: int, now: float | None = None) -> RoomDecision:
         """ADMITTED if `room` is (or now becomes) held; a decision, once made, stands."""
@@ -187,12 +209,20 @@ class RoomTable:
         with self.lock:
             self.held.pop(room, None)
 
-    def close(self, room: int, now: float | None = None) -> bool:
-        """Ends `room` (refused, ended early or finished); True if it was held."""
+    def close(self, room: int, now: float | None = None, refusal: tuple[int, str] | None = None) -> bool:
+        """Ends `room` (refused, ended early or finished; `refusal`: the 4xx its request was refused with);
+        True if it was held."""
         now = time.monotonic() if now is None else now
         with self.lock:
             self.closed[room] = now + self.ttl_s
+            if refusal is not None:
+                self.refusals[room] = refusal
             return self.held.pop(room, None) is not None
+
+    def refusal(self, room: int) -> tuple[int, str] | None:
+        """The 4xx the closed `room`'s request was refused with, if it was."""
+        with self.lock:
+            return self.refusals.get(room) if room in self.closed else None
 
     def holding(self) -> int:
         with self.lock:
@@ -244,8 +274,9 @@ def admission_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}{ADMISSION_PATH}"
 
 
-async def ask_prefill(obj: Any, op: str) -> bool | None:
-    """P's answer for the request's room: admitted (True), refused (False), unreachable (None)."""
+async def ask_prefill(obj: Any, op: str) -> dict | None:
+    """P's answer for the request's room ({"admitted": bool, "refusal": {"status", "message"} when P refused the
+    room's own request with a 4xx}), None when P is unreachable."""
     import aiohttp
 
     if obj.bootstrap_host is None or obj.bootstrap_port is None:
@@ -256,7 +287,8 @@ async def ask_prefill(obj: Any, op: str) -> bool | None:
                                     json={"room": obj.bootstrap_room, "op": op}) as resp:
                 if resp.status != 200:
                     return None
-                return bool((await resp.json())["admitted"])
+                answer = await resp.json()
+                return {"admitted": bool(answer["admitted"]), "refusal": answer.get("refusal")}
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError) as exc:
         log.error("admission question to the prefill worker failed: %r", exc)
         return None
@@ -318,6 +350,7 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
         return
     refusal = refusal_of(obj, getattr(getattr(manager, "model_config", None), "vocab_size", None))
     if refusal is not None:  # both sides refuse it alike: no room is decided for it on either
+        answerable(obj)
         raise AsymAdmissionError(refusal)
     room = obj.bootstrap_room
     decision = gate.rooms.decide(room)
@@ -329,32 +362,47 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
             raise Overloaded("sglang-asym: this request's room was already ended (refused or aborted by the "
                              "other worker of the pair); retry later", limits.retry_after_s)
         log.warning("refused room %s: %d requests held (limit %d)", room, gate.rooms.holding(), limits.limit)
+        answerable(obj)
         raise Overloaded(f"sglang-asym: this server holds its limit of {limits.limit} requests "
                          f"(--max-running-requests + --max-queued-requests); retry later", limits.retry_after_s)
-    ended = False
+    ended, refused_with = False, None
     try:
         if not gate.is_prefill:
-            admitted = await ask_prefill(obj, "admit")
-            if admitted is None and gate.recomputes:
+            answer = await ask_prefill(obj, "admit")
+            if answer is None and gate.recomputes:
                 log.warning("room %s: the prefill worker did not answer the admission question; admitted "
                             "for the recompute fallback", room)
-            elif admitted is None:
+            elif answer is None:
                 raise PeerUnreachable("sglang-asym: the prefill worker did not answer the admission question",
                                       limits.retry_after_s)
-            elif not admitted:
+            elif answer["refusal"]:  # P refused its copy first: what D would refuse too, in P's words
+                raise PrefillRefused(str(answer["refusal"]["message"]), int(answer["refusal"]["status"]))
+            elif not answer["admitted"]:
                 raise Overloaded("sglang-asym: the prefill worker holds its limit of requests; retry later",
                                  limits.retry_after_s)
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
             # SGLang's non-streaming handler takes the final item and closes the generator at this yield
             ended = finished_normally(item)
             yield item
+    except ValueError as exc:
+        refused_with = client_refusal(exc) if gate.is_prefill else None  # for D's question, if it comes after
+        answerable(obj)
+        raise
     finally:
         if ended:
             gate.rooms.release(room)
         else:
-            gate.rooms.close(room)
+            gate.rooms.close(room, refusal=refused_with)
             if not gate.is_prefill:
                 close_on_prefill(obj)  # D refused or ended the room early: P's copy must not wait for it
+
+
+def answerable(obj: Any) -> None:
+    """A request the gate refuses before SGLang normalized it lacks `is_single`, which the abort task SGLang's
+    HTTP front runs after a stream's response reads (an AttributeError 2 s after the answer, in D's ASGI app):
+    set as normalizing would, from the rids the request carries."""
+    if not hasattr(obj, "is_single"):
+        obj.is_single = not isinstance(obj.rid, (list, tuple))
 
 
 def finished_normally(item: Any) -> bool:
@@ -384,7 +432,10 @@ async def handle_admission(server: Any, request: Any) -> Any:
     if body.get("op") == "close":
         gate.close_from_peer(room)
         return web.json_response({"admitted": False})
-    return web.json_response({"admitted": bool(gate.rooms.decide(room))})
+    admitted = bool(gate.rooms.decide(room))
+    refusal = None if admitted else gate.rooms.refusal(room)
+    return web.json_response({"admitted": admitted, "refusal": refusal and {"status": refusal[0],
+                                                                           "message": refusal[1]}})
 
 
 def after_manager_init(result: Any, manager: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
