@@ -19,6 +19,7 @@ window chunks of [B, N)); each semantics is one module-scoped pair, started afte
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import time
 import urllib.error
@@ -32,6 +33,7 @@ from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from .helpers import serving
+from .reference_prefetch import ReferencePrefetch
 from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
                              mooncake_regions, patient_router, prompt_of, reference_tokens, restore, settle, sglang_server)
 
@@ -42,6 +44,9 @@ CHUNK = 32
 EXACT, ASYM = "asym-exact-encoder", "asym"
 LENGTHS = (1, 64, 127, 128, 129, 130, 255, 256, 257, 1000, 4097)  # both semantics
 SMG_LENGTHS = (1, 129, 1000)
+# the prompt lengths each case compares with the reference (the `references` fixture queues them at module start)
+REFERENCE_LENGTHS = {"test_greedy_outputs_equal_the_reference_behind_sglang_router": LENGTHS,
+                     "test_greedy_outputs_equal_the_reference_behind_smg": SMG_LENGTHS}
 ENCODER_LAYERS = list(range(20))
 # P's chunk per semantics: the asym-exact-encoder pair computes B > 512 in chunks (N = 1000 and 4097 run
 # SGLang's chunked prefill on P); the asym pair, whose D retracts, computes each prefix in one forward (its
@@ -59,7 +64,20 @@ ASYM_ONLY = pytest.mark.parametrize("pairs", [ASYM], indirect=True)  # its D ret
 
 
 @pytest.fixture(scope="module")
-def pairs(request, sglang_checkpoint, tmp_path_factory):
+def references(request, sglang_checkpoint):
+    """The reference tokens of every (semantics, N) the module's selected cases compare with, queued in the order
+    the cases run: a background thread computes them while the pairs start and answer (reference_prefetch.py)."""
+    with ReferencePrefetch() as prefetch:
+        for item in request.session.items:
+            if item.module is request.module and item.originalname in REFERENCE_LENGTHS:
+                semantics = item.callspec.params["pairs"]
+                for n in REFERENCE_LENGTHS[item.originalname]:
+                    prefetch.submit((semantics, n), functools.partial(_reference, sglang_checkpoint, semantics, n))
+        yield prefetch
+
+
+@pytest.fixture(scope="module")
+def pairs(request, sglang_checkpoint, tmp_path_factory, references):
     """SGLang's asym pair (pool dumps and forward logs on) for one semantics."""
     semantics = request.param
     work = tmp_path_factory.mktemp(f"asym_{semantics}")
@@ -78,7 +96,8 @@ def pairs(request, sglang_checkpoint, tmp_path_factory):
                                 env={**aids("decode"), **(RETRACT_ENV if semantics == ASYM else {})}),
     }
     with serving(servers, timeout_s=600):
-        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_checkpoint)
+        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_checkpoint,
+                       references=references)
         yield servers
 
 
@@ -89,11 +108,15 @@ def _shared_servers_back_to_empty(pairs):
     restore(pairs)
 
 
+def _reference(checkpoint: Path, semantics: str, n: int) -> list[int]:
+    """The reference's greedy tokens for prompt_of(n) as the pair of `semantics` computes them."""
+    return list(reference_tokens(checkpoint, tuple(prompt_of(n)), PREFILL_CHUNK[semantics], "release", semantics))
+
+
 def reference(pairs, n: int) -> list[int]:
-    """The reference's greedy tokens for prompt_of(n) as the pair of this semantics computes them (cached)."""
+    """_reference for the pair's semantics: computed beside the servers (the `references` fixture), waited for here."""
     semantics = pairs["semantics"]
-    return list(reference_tokens(pairs["checkpoint"], tuple(prompt_of(n)), PREFILL_CHUNK[semantics], "release",
-                                 semantics))
+    return pairs["references"].get((semantics, n), functools.partial(_reference, pairs["checkpoint"], semantics, n))
 
 
 def _forwards(pairs, role: str) -> list[dict]:
