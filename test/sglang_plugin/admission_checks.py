@@ -126,13 +126,15 @@ def prefill_refusal_answers_the_decode_question():
     """P's launcher refused its copy of a room with a 400 (SGLang's tokenizer manager: a prompt longer than the
     context length, which D refuses alike) before D asked about the room: P's bootstrap server answers D's
     question with that refusal, and D's client gets the same 400 in P's words, not the 503 that says P is full
-    (which a room P closed for any other reason still reads as)."""
+    (which a room P closed for any other reason still reads as). A stream's refusal by P's scheduler (a prompt
+    longer than P's max_req_input_len) ends in a 4xx abort item rather than a ValueError: recorded alike."""
     from aiohttp import web
 
     from sglang_asym.sglang_plugin.shared.admission import DeadlinePassed, PrefillRefused
     from sglang_asym.sglang_plugin.shared.relayed_refusal import REFUSED_MESSAGE
 
     words = "The input (16385 tokens) is longer than the model's context length (16384 tokens)."
+    long_words = "Input length (2042 tokens) exceeds the maximum allowed length (2042 tokens)."
 
     def failing(exc):
         async def original(_manager, _obj, *args):
@@ -142,6 +144,10 @@ def prefill_refusal_answers_the_decode_question():
 
     async def served(_manager, _obj, *args):
         yield {"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}
+
+    async def scheduler_refused(_manager, _obj, *args):  # a stream P's scheduler refuses: the abort is an item
+        yield {"text": "", "meta_info": {"finish_reason": {"type": "abort", "status_code": 400,
+                                                             "message": long_words}}}
 
     async def run(gate, original, room, port):
         obj = types.SimpleNamespace(rid=f"r{room}", bootstrap_room=room, bootstrap_host="127.0.0.1",
@@ -172,8 +178,11 @@ def prefill_refusal_answers_the_decode_question():
             assert (await run(decode, served, 12, port))[:2] == ("Overloaded", 503)
             assert await run(decode, served, 13, port) == ["ok"]  # D asked first: admitted
             assert await run(prefill, served, 13, port) == ["ok"]
+            assert await run(prefill, scheduler_refused, 14, port) == [""]
+            assert await run(decode, served, 14, port) == ("PrefillRefused", 400,
+                                                           REFUSED_MESSAGE.format(message=long_words))
             assert prefill.rooms.holding() == decode.rooms.holding() == 0
-            assert prefill.rooms.refusals == {11: (400, words)}
+            assert prefill.rooms.refusals == {11: (400, words), 14: (400, long_words)}
         finally:
             await runner.cleanup()
 

@@ -180,7 +180,8 @@ def wait_mid_transfer(engine: EnginePair, shipped_before: float, request: concur
     whole = SplitPlan(sglang_small(), IN_TRANSFER_N, WINDOW, FLAGS[1]).manifest("release").total_bytes
     deadline = time.monotonic() + 120
     while (shipped := payload_bytes(engine.prefill) - shipped_before) == 0:
-        assert time.monotonic() < deadline and not request.done(), "P shipped nothing of the long prompt"
+        assert time.monotonic() < deadline and not request.done(), \
+            f"P shipped nothing of the long prompt: {request.result() if request.done() else 'unanswered'}"
         time.sleep(0.05)
     assert 0 < shipped < whole and not request.done(), (shipped, whole)
     return shipped

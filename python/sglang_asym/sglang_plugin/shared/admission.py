@@ -383,6 +383,8 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
             # SGLang's non-streaming handler takes the final item and closes the generator at this yield
             ended = finished_normally(item)
+            if gate.is_prefill and refused_with is None:  # a stream's 4xx abort is an item, not a ValueError
+                refused_with = refused_in(item)
             yield item
     except ValueError as exc:
         refused_with = client_refusal(exc) if gate.is_prefill else None  # for D's question, if it comes after
@@ -409,6 +411,16 @@ def finished_normally(item: Any) -> bool:
     """An output item of SGLang's generate_request that ends its request, other than by an abort."""
     reason = (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
     return reason is not None and not (isinstance(reason, dict) and reason.get("type") == "abort")
+
+
+def refused_in(item: Any) -> tuple[int, str] | None:
+    """(status, words) of an output item that ends its request with a 4xx abort (how SGLang's scheduler refuses
+    a request in a stream); None for any other item."""
+    reason = (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
+    if not isinstance(reason, dict) or reason.get("type") != "abort":
+        return None
+    status = reason.get("status_code")
+    return (int(status), str(reason.get("message", ""))) if isinstance(status, int) and 400 <= status < 500 else None
 
 
 def after_create_error_response(response: Any, exc: Any) -> Any:
