@@ -70,7 +70,7 @@ def decode_itl_policy(model: CpuStepModel, measured: dict, policy: str) -> dict:
     running, burst, chunk, steady_steps = measured["running"], measured["burst"], 8, 32
     run_cfg = next(p for p in measured["policies"] if p["policy"] == policy)
     sched = SchedulerConfig(token_budget=running + (chunk if policy == "budget" else 128), max_window_rows_per_step=128,
-                            max_running=running + burst, num_draft_tokens=0, window=128, mode="mixed", policy=policy,
+                            max_running=running + burst, num_draft_tokens=0, window=128, policy=policy,
                             window_chunk=chunk if policy == "budget" else None)
     assert sched.token_budget == run_cfg["token_budget"]
     cfg = ClusterConfig(Mode.ASYM, model, sched, prefill_model=model, model_cfg=V41Config.small())

@@ -58,29 +58,8 @@ def run_prefix(model: V41Model, cache_set: CacheSet, tokens: torch.Tensor, split
     return PrefixState(**meta, rows=rows)
 
 
-def run_prefix_on_full_model(model: V41Model, cache_set: CacheSet, tokens: torch.Tensor,
-                             split: SplitPlan) -> PrefixState:
-    """The prefill role's payload computed by a full model (colocated serving and local probes).
-    The payload rows equal the prefill role's: encoder layers and the last KV source's path are the
-    same computation; the extra decoder-layer work is discarded."""
-    if model.role != "full":
-        raise ValueError("run_prefix_on_full_model needs the full model")
-    _check_prompt(tokens, split)
-    split.require_splittable()
-    meta = dict(config_fingerprint=model.cfg.fingerprint(), window=split.window,
-                semantics=split.semantics.value, prompt_len=split.prompt_len, boundary=split.boundary)
-    if not split.runs_prefill:
-        return PrefixState(**meta)
-    cache = cache_set.new_request()
-    try:
-        model(tokens[: split.boundary], cache, logits="none")
-        return PrefixState(**meta, rows=extract_payload(cache, split))
-    finally:
-        cache.release()
-
-
 def extract_payload(cache: RequestCache, split: SplitPlan) -> dict[str, torch.Tensor]:
-    """Copy the manifest's rows out of a prefill-role cache (also used by the chunk pipeline)."""
+    """Copy the manifest's rows out of a prefill-role cache."""
     rows: dict[str, torch.Tensor] = {}
     swa_start, swa_end = split.encoder_swa_rows
     for group in split.manifest(row_format="model").groups:

@@ -98,15 +98,8 @@ class LayerPlan:
     def ratio2_owners(self) -> tuple[int, ...]:
         return tuple(info.index for info in self.layers if info.owns_kv and info.ratio == 2)
 
-    @property
-    def ratio1_owner(self) -> int:
-        return self.last_kv_source
-
     def roles(self) -> tuple[Role, ...]:
         return tuple(info.role for info in self.layers)
-
-    def decode_only_tensor_names(self) -> frozenset[str]:
-        return frozenset(self.all_tensor_names) - self.prefill_tensor_names
 
 
 def _prefill_needs(name: str, last: int) -> bool:

@@ -7,7 +7,7 @@ import os
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from sglang_asym.sched import GraphConfig, RunningRequest, SchedulerConfig, WaitingRequest
+from sglang_asym.sched import RunningRequest, SchedulerConfig, WaitingRequest
 
 
 # Default runs are deterministic (fixed examples, no example database written into the tree).
@@ -19,24 +19,8 @@ def sched_settings(max_examples: int) -> settings:
     return settings(max_examples=max_examples * SCALE, deadline=None, derandomize=SCALE == 1, database=None)
 
 
-def increasing(max_value: int, max_size: int):
-    return st.lists(st.integers(1, max_value), max_size=max_size, unique=True).map(lambda xs: tuple(sorted(xs)))
-
-
 @st.composite
-def graph_configs(draw) -> GraphConfig:
-    bucket = draw(st.sampled_from([16, 32, 64, 128]))
-    return GraphConfig(
-        decode_batch_sizes=draw(increasing(16, 6)),
-        window_row_bucket=bucket,
-        max_window_graph_rows=bucket * draw(st.integers(0, 8)),
-        mixed_backend=draw(st.sampled_from(["breakable", "eager"])),
-        mixed_row_buckets=draw(increasing(1200, 8)),
-    )
-
-
-@st.composite
-def configs(draw, policy: str | None = None, mode: str | None = None) -> SchedulerConfig:
+def configs(draw, policy: str | None = None) -> SchedulerConfig:
     k = draw(st.integers(0, 7))
     max_running = draw(st.integers(1, 10))
     window = draw(st.sampled_from([1, 7, 16, 100, 128]))
@@ -46,12 +30,9 @@ def configs(draw, policy: str | None = None, mode: str | None = None) -> Schedul
         max_running=max_running,
         num_draft_tokens=k,
         window=window,
-        mode=mode or draw(st.sampled_from(["mixed", "separate"])),
         policy=policy or draw(st.sampled_from(["budget", "admit_all"])),
         max_wait_steps=draw(st.integers(0, 6)),
         max_waiting=draw(st.integers(1, 16)),
-        wait_timeout_s=draw(st.one_of(st.none(), st.floats(0.5, 20.0))),
-        graphs=draw(graph_configs()),
     )
 
 
@@ -64,20 +45,18 @@ def step_states(draw, config_strategy=None):
     running = [RunningRequest(f"run{i}", draw(st.integers(1, config.verify_width))) for i in range(n_running)]
     arrivals = sorted(draw(st.lists(st.integers(0, step), max_size=config.max_waiting)))
     waiting = [
-        WaitingRequest(f"wait{i}", draw(st.integers(1, config.window)), arrival, float(arrival))
+        WaitingRequest(f"wait{i}", draw(st.integers(1, config.window)), arrival)
         for i, arrival in enumerate(arrivals)
     ]
     return config, running, waiting, step
 
 
 def operations(config: SchedulerConfig, max_size: int = 60):
-    """A script of scheduler calls: enqueue rows, step, finish/abort the n-th held request, expire at a time."""
+    """A script of scheduler calls: enqueue rows, step, finish the n-th running request."""
     op = st.one_of(
         st.tuples(st.just("enqueue"), st.integers(1, config.window)),
         st.tuples(st.just("step"), st.just(0)),
         st.tuples(st.just("step"), st.just(0)),
         st.tuples(st.just("finish"), st.integers(0, 20)),
-        st.tuples(st.just("abort"), st.integers(0, 40)),
-        st.tuples(st.just("expire"), st.integers(0, 3)),
     )
     return st.lists(op, max_size=max_size)

@@ -17,13 +17,11 @@ from sglang_asym.sched import (
     Scheduler,
     SchedulerConfig,
     WaitingRequest,
-    choose_graphs,
     max_admission_delay_steps,
     max_rows_per_step,
     min_chunk_rows,
     plan_step,
 )
-from sglang_asym.sched.explain import explain_decision
 
 SETTINGS = sched_settings(400)
 
@@ -42,7 +40,7 @@ def chunked_states(draw):
     running = [RunningRequest(f"run{i}", draw(st.integers(1, config.verify_width)))
                for i in range(draw(st.integers(0, config.max_running)))]
     arrivals = sorted(draw(st.lists(st.integers(0, step - 1), max_size=config.max_waiting)))
-    waiting = [WaitingRequest(f"wait{i}", draw(st.integers(1, config.window)), arrival, float(arrival))
+    waiting = [WaitingRequest(f"wait{i}", draw(st.integers(1, config.window)), arrival)
                for i, arrival in enumerate(arrivals)]
     if waiting and draw(st.booleans()):
         waiting[0] = replace(waiting[0], last_chunk_step=draw(st.integers(waiting[0].arrival_step, step - 1)))
@@ -83,14 +81,6 @@ def test_the_head_progresses_whenever_a_slot_is_free(state) -> None:
         assert blocked.budget_left < 1 or blocked.window_rows_left < 1
 
 
-@SETTINGS
-@given(chunked_states())
-def test_chunked_graph_forwards_cover_the_rows(state) -> None:
-    config, running, waiting, step = state
-    plan = plan_step(running, waiting, step, config)
-    assert sum(g.actual_rows for g in choose_graphs(plan, config)) == plan.total_rows
-
-
 def _run(config: SchedulerConfig, script):
     """Drive a Scheduler; check per step and record when each request's window completed."""
     s = Scheduler(config)
@@ -98,11 +88,10 @@ def _run(config: SchedulerConfig, script):
 
     def step() -> None:
         before_running, before_waiting = s.running, s.waiting
-        result = s.step()
-        if result is None:
+        plan = s.step()
+        if plan is None:
             assert not before_running and not before_waiting
             return
-        plan = result.plan
         if len(before_running) == config.max_running:
             full_steps.append(plan.step)
         assert plan.total_rows <= config.token_budget
@@ -126,10 +115,6 @@ def _run(config: SchedulerConfig, script):
             step()
         elif op == "finish" and s.running:
             s.finish(s.running[arg % len(s.running)].request_id)
-        elif op == "abort" and s.waiting:
-            rid = s.waiting[arg % len(s.waiting)].request_id
-            s.abort(rid)
-            windows.pop(rid)
     while s.waiting:
         if len(s.running) == config.max_running:
             s.finish(s.running[0].request_id)
@@ -150,10 +135,7 @@ def test_every_window_completes_within_the_bound_in_fifo_order(data) -> None:
         assert at - start <= max_admission_delay_steps(config, ahead) + full
     order = sorted(completed, key=lambda rid: (completed[rid], arrival[rid]))
     assert order == sorted(completed, key=lambda rid: arrival[rid])
-    c = s.counters
-    assert c.admitted == len(completed) and c.steps_over_budget == c.admitted_over_budget == 0
-    assert c.window_chunks == chunks >= sum(-(-rows // config.window_chunk) - 1 for rows in windows.values())
-    assert c.window_rows == sum(rows_run.values())
+    assert chunks >= sum(-(-rows // config.window_chunk) - 1 for rows in windows.values())
 
 
 def test_a_burst_runs_one_window_after_the_other_in_budget_sized_chunks() -> None:
@@ -166,16 +148,14 @@ def test_a_burst_runs_one_window_after_the_other_in_budget_sized_chunks() -> Non
     s.enqueue("b", 100)
     shapes = []
     while s.waiting:
-        plan = s.step().plan
+        plan = s.step()
         shapes.append([(w.request_id, w.window_rows) for w in plan.admitted])
         assert plan.total_rows <= 48
     # a: four chunks of 32 (16 decode rows leave 32); then 17 decode rows leave 31 for b
     assert shapes == [[("a", 32)], [("a", 32)], [("a", 32)], [("a", 32)], [("b", 31)], [("b", 31)],
                       [("b", 31)], [("b", 7)]]
-    assert s.counters.admitted == 2 and s.counters.window_chunks == 6
     decision = plan_step(s.running, [WaitingRequest("c", 100, 8, last_chunk_step=None)], 8, config).decisions[0]
     assert decision.reason is AdmitReason.CHUNK and decision.chunk_rows == 30
-    assert explain_decision(decision, config, 0).startswith("admit 30 rows of 'c' (100 window rows")
 
 
 def test_chunked_config_and_views_are_validated() -> None:
@@ -190,18 +170,6 @@ def test_chunked_config_and_views_are_validated() -> None:
         plan_step([], [WaitingRequest("a", 5, 0, last_chunk_step=1)], 4, unchunked)
     with pytest.raises(ValueError, match="chunked windows"):
         min_chunk_rows(unchunked)
-
-
-def test_a_window_under_way_is_not_timed_out() -> None:
-    config = SchedulerConfig(token_budget=20, max_window_rows_per_step=128, max_running=4, num_draft_tokens=0,
-                             window=128, window_chunk=16, wait_timeout_s=5.0)
-    s = Scheduler(config)
-    s.enqueue("a", 100, arrival_time=0.0)
-    s.enqueue("b", 10, arrival_time=0.0)
-    assert [w.window_rows for w in s.step().plan.admitted] == [16]
-    assert [e.request_id for e in s.expire(10.0)] == ["b"]
-    assert [(w.request_id, w.window_rows, w.last_chunk_step) for w in s.waiting] == [("a", 84, 0)]
-
 
 
 # ---- deterministic inference: chunks at fixed boundaries -------------------------------------------------

@@ -88,9 +88,9 @@ def test_admit_all_ignores_budget_and_window_bound_but_not_slots() -> None:
     assert plan.total_rows == 4 + 256
 
 
-def test_separate_mode_shape_and_idle_step() -> None:
-    config = SchedulerConfig(mode="separate")
-    assert plan_step(running(3), waiting(128), 0, config).shape is StepShape.DECODE_THEN_WINDOW
+def test_step_shapes_and_idle_step() -> None:
+    config = SchedulerConfig()
+    assert plan_step(running(3), waiting(128), 0, config).shape is StepShape.MIXED
     assert plan_step(running(3), [], 0, config).shape is StepShape.DECODE_ONLY
     assert plan_step([], waiting(128), 0, config).shape is StepShape.WINDOW_ONLY
     idle = plan_step([], [], 0, config)

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sched_strategies import configs, sched_settings, step_states
-from sglang_asym.sched import AdmitReason, StepShape, choose_graphs, max_rows_per_step, plan_step
+from sglang_asym.sched import AdmitReason, StepShape, max_rows_per_step, plan_step
 
 SETTINGS = sched_settings(400)
 
@@ -95,15 +95,13 @@ def test_admit_all_admits_everything_that_has_a_slot(state) -> None:
 
 @SETTINGS
 @given(step_states())
-def test_graph_forwards_cover_the_plan_rows(state) -> None:
+def test_shape_names_the_rows_the_plan_holds(state) -> None:
     config, running, waiting, step = state
     plan = plan_step(running, waiting, step, config)
-    graphs = choose_graphs(plan, config)
-    expected_forwards = {StepShape.IDLE: 0, StepShape.DECODE_THEN_WINDOW: 2}.get(plan.shape, 1)
-    assert len(graphs) == expected_forwards
-    assert sum(g.actual_rows for g in graphs) == plan.total_rows
-    assert sum(g.num_requests for g in graphs) == len(plan.decode) + len(plan.admitted)
-    assert all(g.padded_rows >= g.actual_rows for g in graphs)
+    expected = {(False, False): StepShape.IDLE, (True, False): StepShape.DECODE_ONLY,
+                (False, True): StepShape.WINDOW_ONLY, (True, True): StepShape.MIXED}
+    assert plan.shape is expected[bool(plan.decode), bool(plan.admitted)]
+    assert plan.total_rows == sum(r.q_len for r in plan.decode) + sum(w.window_rows for w in plan.admitted)
 
 
 @sched_settings(100)

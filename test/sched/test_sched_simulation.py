@@ -1,4 +1,4 @@
-"""Scheduler driven by generated operation scripts: admission bound, FIFO, decode never starved, counters add up."""
+"""Scheduler driven by generated operation scripts: admission bound, FIFO, decode never starved."""
 
 from __future__ import annotations
 
@@ -11,12 +11,9 @@ from sched_strategies import configs, operations, sched_settings
 from sglang_asym.sched import (
     AdmitPolicy,
     QueueFullError,
-    RequestState,
     RunningRequest,
     Scheduler,
     SchedulerConfig,
-    StepMode,
-    StepShape,
     max_admission_delay_steps,
     max_rows_per_step,
 )
@@ -24,33 +21,22 @@ from sglang_asym.sched import (
 
 @dataclass
 class Trace:
-    """What the test saw, kept independently of the scheduler's own counters."""
+    """What the test saw, kept independently of the scheduler."""
 
     arrival: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (arrival step, requests ahead)
     admitted_at: dict[str, int] = field(default_factory=dict)
     enqueue_order: list[str] = field(default_factory=list)
     admit_order: list[str] = field(default_factory=list)
     full_steps: list[int] = field(default_factory=list)  # steps planned with no free running slot
-    shapes: list[StepShape] = field(default_factory=list)
-    rows: int = 0
-    padding: int = 0
-    forwards: int = 0
-
-
-def expected_shape(has_decode: bool, has_window: bool, mode: StepMode) -> StepShape:
-    if has_decode and has_window:
-        return StepShape.MIXED if mode is StepMode.MIXED else StepShape.DECODE_THEN_WINDOW
-    return StepShape.DECODE_ONLY if has_decode else StepShape.WINDOW_ONLY
 
 
 def do_step(s: Scheduler, trace: Trace) -> bool:
     config = s.config
     before_running, before_waiting = s.running, s.waiting
-    result = s.step()
-    if result is None:
+    plan = s.step()
+    if plan is None:
         assert not before_running and not before_waiting  # never idle while someone waits
         return False
-    plan = result.plan
     if len(before_running) == config.max_running:
         trace.full_steps.append(plan.step)
     assert plan.decode == before_running  # every running request decodes, every step
@@ -64,43 +50,27 @@ def do_step(s: Scheduler, trace: Trace) -> bool:
     for w in plan.admitted:
         trace.admitted_at[w.request_id] = plan.step
         trace.admit_order.append(w.request_id)
-    trace.shapes.append(expected_shape(bool(before_running), bool(plan.admitted), config.mode))
-    trace.rows += plan.total_rows
-    trace.padding += sum(g.padding_rows for g in result.graphs)
-    trace.forwards += len(result.graphs)
     return True
 
 
 def run_script(config: SchedulerConfig, script) -> tuple[Scheduler, Trace]:
-    s, trace, now = Scheduler(config), Trace(), 0.0
+    s, trace = Scheduler(config), Trace()
     for n, (op, arg) in enumerate(script):
         if op == "enqueue":
             rid = f"q{n}"
             if len(s.waiting) == config.max_waiting:
                 try:
-                    s.enqueue(rid, arg, arrival_time=now)
+                    s.enqueue(rid, arg)
                     raise AssertionError("enqueue on a full queue must fail")
                 except QueueFullError:
                     continue
             trace.arrival[rid] = (s.next_step, len(s.waiting))
             trace.enqueue_order.append(rid)
-            assert s.enqueue(rid, arg, arrival_time=now).arrival_step == s.next_step
+            assert s.enqueue(rid, arg).arrival_step == s.next_step
         elif op == "step":
-            if do_step(s, trace):
-                now += 1.0
+            do_step(s, trace)
         elif op == "finish" and s.running:
             s.finish(s.running[arg % len(s.running)].request_id)
-        elif op == "abort" and (s.waiting or s.running):
-            held = [(w.request_id, RequestState.WAITING) for w in s.waiting]
-            held += [(r.request_id, RequestState.RUNNING) for r in s.running]
-            rid, state = held[arg % len(held)]
-            assert s.abort(rid) is state
-        elif op == "expire":
-            at = now + arg
-            expired = s.expire(at)
-            timeout = config.wait_timeout_s
-            assert all(e.waited_s > timeout and e.request_id not in {w.request_id for w in s.waiting} for e in expired)
-            assert timeout is None or all(at - w.arrival_time <= timeout for w in s.waiting)
     # Drain: free a slot whenever the batch is full; the queue must then empty within the bound.
     drain_start, left = s.next_step, len(s.waiting)
     while s.waiting:
@@ -129,28 +99,10 @@ def test_every_request_is_admitted_within_the_bound(data) -> None:
 
 @sched_settings(250)
 @given(st.data())
-def test_fifo_order_and_counters_add_up(data) -> None:
+def test_fifo_order_and_every_request_admitted_once(data) -> None:
     config = data.draw(configs())
-    s, trace = run_script(config, data.draw(operations(config)))
-    admitted = set(trace.admit_order)
-    assert trace.admit_order == [rid for rid in trace.enqueue_order if rid in admitted]
-    c = s.counters
-    assert c.steps == len(trace.shapes) == sum(c.steps_by_shape.values())
-    for shape in c.steps_by_shape:
-        assert c.steps_by_shape[shape] == trace.shapes.count(shape)
-    assert c.forwards == trace.forwards == c.steps + c.steps_by_shape[StepShape.DECODE_THEN_WINDOW]
-    assert c.decode_rows + c.window_rows == trace.rows and c.padding_rows == trace.padding
-    assert c.enqueued == len(trace.enqueue_order)
-    assert c.admitted == len(trace.admit_order) == c.enqueued - c.aborted_waiting - c.timed_out - len(s.waiting)
-    assert c.admitted == c.finished + c.aborted_running + len(s.running)
-    if config.policy is AdmitPolicy.BUDGET:  # only a lone forced head takes a step over the budget
-        assert c.steps_over_budget == c.admitted_over_budget
-    else:
-        assert c.admitted_over_budget == 0
-    if config.mode is StepMode.MIXED:
-        assert c.steps_by_shape[StepShape.DECODE_THEN_WINDOW] == 0
-    else:
-        assert c.steps_by_shape[StepShape.MIXED] == 0
+    _, trace = run_script(config, data.draw(operations(config)))
+    assert trace.admit_order == trace.enqueue_order  # the drain leaves nobody waiting
 
 
 @sched_settings(100)
@@ -161,5 +113,5 @@ def test_admit_all_admits_the_whole_queue_in_one_step(config, n) -> None:
     for i in range(n):
         s.enqueue(f"q{i}", config.window)
     step = s.step()
-    assert len(step.plan.admitted) == min(n, config.max_running)
+    assert len(step.admitted) == min(n, config.max_running)
     assert [w.request_id for w in s.waiting] == [f"q{i}" for i in range(min(n, config.max_running), n)]

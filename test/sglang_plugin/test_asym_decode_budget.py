@@ -4,7 +4,7 @@ max_running - 1 decode rows, so the budget policy's deterministic config can alw
 
 import pytest
 
-from sglang_asym.sched import SchedulerConfig, StepMode
+from sglang_asym.sched import SchedulerConfig
 from sglang_asym.sglang_plugin.decode.window_step import step_budget
 from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 
@@ -34,7 +34,7 @@ def test_the_policy_accepts_every_raised_budget():
     for max_running in (1, 8, 225, 226, 300, 1000):
         budget = step_budget(SETTINGS, max_running, deterministic=True)
         SchedulerConfig(token_budget=budget, max_window_rows_per_step=budget, max_running=max_running,
-                        num_draft_tokens=0, window=128, mode=StepMode.MIXED, window_chunk=32, deterministic=True)
+                        num_draft_tokens=0, window=128, window_chunk=32, deterministic=True)
     with pytest.raises(ValueError, match=r"= 1 >= window_chunk \(32\)"):
         SchedulerConfig(token_budget=300, max_window_rows_per_step=300, max_running=300, num_draft_tokens=0,
-                        window=128, mode=StepMode.MIXED, window_chunk=32, deterministic=True)
+                        window=128, window_chunk=32, deterministic=True)

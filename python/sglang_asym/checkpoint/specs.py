@@ -20,7 +20,6 @@ from ..tensor_specs import TensorSpec, backbone_tensor_specs, layer_tensor_specs
 from . import formats
 
 PRECISIONS = ("release", "bf16", "fp32")
-QUANTIZED_KINDS = ("fp8", "fp4", "fp8_rows")
 
 
 def scale_name(weight_name: str) -> str:

@@ -40,10 +40,10 @@ class CacheFormat:
         if self.fmt != V4_ROW:
             resolve_block_size(self.fmt, self.block_size)
 
-    def fake_quantize(self, values: torch.Tensor, checked: bool = True) -> torch.Tensor:
+    def fake_quantize(self, values: torch.Tensor) -> torch.Tensor:
         if self.fmt == V4_ROW:
-            return fake_quantize_v4(values, self.rope_channels, checked=checked)
-        return fake_quantize(values, self.fmt, self.block_size, checked=checked)
+            return fake_quantize_v4(values, self.rope_channels)
+        return fake_quantize(values, self.fmt, self.block_size)
 
     def parts(self, channels: int) -> tuple[int, int]:
         """(data bytes, scale bytes) of one packed row."""
@@ -75,7 +75,6 @@ class CacheQuant:
     swa_kv_block_size: int = FORMATS["fp8"].release_block_size
     main_kv_block_size: int = FORMATS["nvfp4"].release_block_size
     index_block_size: int = FORMATS["mxfp4"].release_block_size
-    checked: bool = True  # False: non-finite rows pass through unrefused (capturable; see codec)
     rope_channels: int = 64  # qk_rope_head_dim: the V4 row's bf16 tail
 
     def __post_init__(self) -> None:
@@ -106,14 +105,14 @@ class CacheQuant:
 
 def quantize_swa_kv(values: torch.Tensor, quant: CacheQuant) -> torch.Tensor:
     """SWA KV rows [..., head_dim] after RoPE."""
-    return quant.swa_kv.fake_quantize(values, quant.checked) if quant.enabled else values
+    return quant.swa_kv.fake_quantize(values) if quant.enabled else values
 
 
 def quantize_main_kv(values: torch.Tensor, quant: CacheQuant) -> torch.Tensor:
     """Compressed main KV rows [..., head_dim] after RoPE."""
-    return quant.main_kv.fake_quantize(values, quant.checked) if quant.enabled else values
+    return quant.main_kv.fake_quantize(values) if quant.enabled else values
 
 
 def quantize_index(values: torch.Tensor, quant: CacheQuant) -> torch.Tensor:
     """Indexer keys [..., index_dim] or queries [..., heads, index_dim] after RoPE."""
-    return quant.index.fake_quantize(values, quant.checked) if quant.enabled else values
+    return quant.index.fake_quantize(values) if quant.enabled else values

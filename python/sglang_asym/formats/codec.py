@@ -24,12 +24,6 @@ Policy for values a format cannot hold:
   turns such groups into NaN or silently into zeros, neither of which is a cache value.
 - A finite group whose dequantized value would overflow float32 (amax within a few percent
   of float32's maximum, fp8 and mxfp4 only; the reference yields inf) is refused likewise.
-Both refusals read a flag on the host. Inside a captured CUDA graph that is impossible, so
-`checked=False` skips them: NaN/inf rows then come out as the reference's kernels make them
-(NaN/inf for fp8 and nvfp4; an mxfp4 group's scale wraps to 0 and the group decodes to zeros),
-and the caller must look afterwards. A non-finite cache value comes from a non-finite hidden
-state, which also reaches the logits: the graph runner checks each request's logits after a
-replay. Finite values quantize bit for bit the same either way.
 """
 
 from __future__ import annotations
@@ -141,12 +135,10 @@ def first_nonfinite_row(decoded: torch.Tensor) -> str | None:
 
 
 @torch.no_grad()
-def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None, *,
-                  checked: bool = True) -> EncodedGroups:
+def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None) -> EncodedGroups:
     """Quantize values [..., channels] (any float dtype, not modified) per the module rules.
 
-    block_size None means the release's block size for `fmt`. checked=False skips the refusals
-    of non-finite rows (no host sync: capturable), see the module doc.
+    block_size None means the release's block size for `fmt`.
     """
     spec = format_spec(fmt)
     block = resolve_block_size(fmt, block_size)
@@ -157,7 +149,7 @@ def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None,
     channels = values.shape[-1]
     grouped = F.pad(values.float(), (0, -channels % block)).unflatten(-1, (-1, block))
     amax = grouped.abs().amax(dim=-1)
-    bad = _first_row(~torch.isfinite(amax)) if checked else None
+    bad = _first_row(~torch.isfinite(amax))
     if bad is not None:
         raise ValueError(f"{fmt}: row {bad} contains NaN or inf; cache values must be finite")
 
@@ -181,19 +173,18 @@ def encode_groups(values: torch.Tensor, fmt: str, block_size: int | None = None,
         codes = _e2m1_codes(normalized)
 
     decoded = decode_groups(codes, scales, spec)
-    bad = first_nonfinite_row(decoded) if checked else None
+    bad = first_nonfinite_row(decoded)
     if bad is not None:
         raise ValueError(f"{fmt}: row {bad} is too large for the format: its dequantized value overflows float32")
     return EncodedGroups(codes=codes, scales=scales, decoded=decoded, channels=channels)
 
 
-def fake_quantize(values: torch.Tensor, fmt: str, block_size: int | None = None, *,
-                  checked: bool = True) -> torch.Tensor:
+def fake_quantize(values: torch.Tensor, fmt: str, block_size: int | None = None) -> torch.Tensor:
     """Quantize then dequantize values [..., channels]: same shape and dtype, new storage.
 
     Bit-identical to the released reference for every input it accepts (see module doc for
-    the refusal policy and `checked`). No gradient flows through (inference only).
+    the refusal policy). No gradient flows through (inference only).
     """
-    encoded = encode_groups(values, fmt, block_size, checked=checked)
+    encoded = encode_groups(values, fmt, block_size)
     out = encoded.decoded.flatten(-2)[..., : encoded.channels]
     return out.to(values.dtype).contiguous()

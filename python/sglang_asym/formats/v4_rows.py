@@ -34,12 +34,12 @@ def v4_parts(channels: int, rope_channels: int) -> tuple[int, int]:
     return nope + 2 * rope_channels, num_groups(nope, block) + SCALE_PAD_BYTES
 
 
-def fake_quantize_v4(values: torch.Tensor, rope_channels: int, checked: bool = True) -> torch.Tensor:
+def fake_quantize_v4(values: torch.Tensor, rope_channels: int) -> torch.Tensor:
     """Quantize then dequantize rows [..., C]: same shape and dtype, new storage."""
     nope = _split(values.shape[-1], rope_channels)
-    encoded = encode_groups(values[..., :nope], NOPE_FORMAT, checked=checked)
+    encoded = encode_groups(values[..., :nope], NOPE_FORMAT)
     rope = values[..., nope:].to(torch.bfloat16).float()
-    if checked and not bool(torch.isfinite(rope).all()):
+    if not bool(torch.isfinite(rope).all()):
         raise ValueError(f"{NOPE_FORMAT}: rope channels contain NaN or inf; cache values must be finite")
     out = torch.cat((encoded.decoded.flatten(-2)[..., :nope], rope), dim=-1)
     return out.to(values.dtype).contiguous()

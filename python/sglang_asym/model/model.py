@@ -156,22 +156,15 @@ class V41Model(nn.Module):
         return self.run_batch(inputs)
 
     @torch.no_grad()
-    def forward_to_kv_source(self, tokens: torch.Tensor, cache: RequestCache) -> None:
-        """Bounded replay's prefix pass on the full model: the layers before the last KV source on every row,
-        then that layer's compressed rows and index keys only (no attention output, no FFN); the layers from
-        the last KV source on keep no window rows below the chunk's end (their window starts there)."""
-        try:
-            self.forward_batch_to_kv_source([SegmentInput(tokens, cache, "none")])
-        except InvalidSegment as exc:
-            raise exc.error from None
-
-    @torch.no_grad()
     def forward_batch_to_kv_source(self, inputs: Sequence[SegmentInput]) -> None:
-        """`forward_to_kv_source` for several requests' chunks in one pass (their rows batched as `forward_batch`
-        batches them; with `deterministic`, a pass each). Every input is checked before any cache changes
-        (InvalidSegment names the first that cannot run)."""
+        """Bounded replay's prefix pass on the full model, for several requests' chunks in one pass (their rows
+        batched as `forward_batch` batches them; with `deterministic`, a pass each): the layers before the last
+        KV source on every row, then that layer's compressed rows and index keys only (no attention output, no
+        FFN); the layers from the last KV source on keep no window rows below the chunk's end (their window
+        starts there). Every input is checked before any cache changes (InvalidSegment names the first that
+        cannot run)."""
         if self.role != "full":
-            raise ValueError("forward_to_kv_source needs the full model (the prefill role always stops there)")
+            raise ValueError("forward_batch_to_kv_source needs the full model (the prefill role always stops there)")
         self._check_batch(inputs)
         late = range(self.plan.last_kv_source, self.cfg.num_hidden_layers)
         for i, item in enumerate(inputs):

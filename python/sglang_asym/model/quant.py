@@ -14,7 +14,6 @@ from ..formats import CACHE_QUANT_MODES, CacheQuant, quantize_index, quantize_ma
 @dataclass(frozen=True)
 class Quantizer:
     mode: str = "none"
-    checked: bool = True  # refuse non-finite rows (a host sync)
     rope_channels: int = 64  # the config's qk_rope_head_dim (the V4 row keeps them in bf16)
 
     def __post_init__(self) -> None:
@@ -23,7 +22,7 @@ class Quantizer:
 
     @property
     def _quant(self) -> CacheQuant:
-        return CacheQuant(mode=self.mode, checked=self.checked, rope_channels=self.rope_channels)
+        return CacheQuant(mode=self.mode, rope_channels=self.rope_channels)
 
     def swa_kv(self, x: torch.Tensor) -> torch.Tensor:
         return quantize_swa_kv(x, self._quant)

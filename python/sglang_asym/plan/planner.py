@@ -398,7 +398,3 @@ def simulate_plan_unit(workload: Workload, unit_rate: float, slo: Slo, gpu: GpuS
     summary["slice"] = {"decode_ranks": ranks, "of_replica_gpus": dec.gpus, "prefill_replicas": p_replicas,
                         "rate_rps": rate, "share_of_unit": fraction}
     return summary
-
-
-def with_options(options: PlanOptions, **changes) -> PlanOptions:
-    return replace(options, **changes)

@@ -67,10 +67,6 @@ class ReplicaLayout:
     def weight_bytes_per_gpu(self) -> float:
         return self.replicated_bytes + self.expert_bytes / self.gpus
 
-    @property
-    def weight_bytes_total(self) -> float:
-        return self.weight_bytes_per_gpu * self.gpus
-
     def step_read_bytes(self, run: Role, touched_share: float) -> float:
         """Weight bytes one GPU reads in a forward that runs `run`'s layers and touches `touched_share` of each
         layer's routed experts: its dense copy of those layers and its share of the touched experts."""

@@ -260,7 +260,7 @@ class _DecodeReplica:
         req.at_decode = self.sim.events.now
         rows = self.sim.cfg.window_rows(req.spec.prompt_tokens)
         if rows:
-            rank.scheduler.enqueue(req.spec.rid, rows, arrival_time=self.sim.events.now)
+            rank.scheduler.enqueue(req.spec.rid, rows)
         else:
             rank.joins.append(req)
         self.kick()
@@ -286,10 +286,9 @@ class _DecodeReplica:
         planned, seconds = [], 0.0
         model = self.sim.cfg.decode_model
         for rank in self.ranks:
-            step = rank.scheduler.step()
-            if step is None:
+            plan = rank.scheduler.step()
+            if plan is None:
                 continue
-            plan = step.plan
             contexts = [rank.reqs[r.request_id].context for r in plan.decode]
             chunks = [w.window_rows for w in plan.admitted]
             seconds = max(seconds, model.decode_step_s(contexts, chunks))

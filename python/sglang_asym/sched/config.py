@@ -1,9 +1,8 @@
-"""Frozen, validated configuration of the decode worker's step scheduler and its CUDA-graph buckets."""
+"""Frozen, validated configuration of the decode worker's step scheduler."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from ..config import DEFAULT_WINDOW
@@ -22,25 +21,11 @@ def chunk_rows_for(window: int, window_chunk: int | None) -> int | None:
     return window_chunk or None
 
 
-class StepMode(str, Enum):
-    """How admitted window rows share a step with the running requests' decode rows."""
-
-    MIXED = "mixed"  # one forward holds decode rows and window rows
-    SEPARATE = "separate"  # the decode forward runs first, then a window-only forward
-
-
 class AdmitPolicy(str, Enum):
     """Which waiting requests a step admits."""
 
     BUDGET = "budget"  # FIFO prefix under the token budget and the window-row bound, with aging
     ADMIT_ALL = "admit_all"  # everything that has a running slot, in one step (benchmark baseline)
-
-
-class MixedBackend(str, Enum):
-    """How a forward that holds both decode and window rows is executed."""
-
-    BREAKABLE = "breakable"  # segmented CUDA graph with eager breaks around attention
-    EAGER = "eager"
 
 
 def _check_int(owner: str, name: str, value: object, minimum: int) -> None:
@@ -51,55 +36,12 @@ def _check_int(owner: str, name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{owner}.{name} must be >= {minimum}, got {value}")
 
 
-def _check_buckets(owner: str, name: str, buckets: object) -> None:
-    if not isinstance(buckets, tuple):
-        raise TypeError(f"{owner}.{name} must be a tuple of ints, got {type(buckets).__name__}")
-    for b in buckets:
-        _check_int(owner, f"{name}[...]", b, 1)
-    if any(a >= b for a, b in zip(buckets, buckets[1:])):
-        raise ValueError(f"{owner}.{name} must be strictly increasing, got {buckets}")
-
-
 def _coerce_enum(owner: str, name: str, enum_type: type[Enum], value: object) -> Enum:
     try:
         return enum_type(value)
     except ValueError:
         allowed = [m.value for m in enum_type]
         raise ValueError(f"{owner}.{name} must be one of {allowed}, got {value!r}") from None
-
-
-def default_decode_batch_sizes() -> tuple[int, ...]:
-    """Captured decode batch sizes: fine steps for small batches, then every 8 up to 256."""
-    return (1, 2, 4, 8, 12) + tuple(range(16, 257, 8))
-
-
-def default_mixed_row_buckets() -> tuple[int, ...]:
-    """Captured row counts of breakable graphs: padding stays under ~25% of the rows."""
-    return tuple(range(16, 257, 16)) + tuple(range(320, 1025, 64)) + tuple(range(1280, 4097, 256))
-
-
-@dataclass(frozen=True)
-class GraphConfig:
-    """Which CUDA graphs the model runner captured; the shape choice pads up to one of them."""
-
-    decode_batch_sizes: tuple[int, ...] = field(default_factory=default_decode_batch_sizes)
-    window_row_bucket: int = 128
-    max_window_graph_rows: int = 1024
-    mixed_backend: MixedBackend = MixedBackend.BREAKABLE
-    mixed_row_buckets: tuple[int, ...] = field(default_factory=default_mixed_row_buckets)
-
-    def __post_init__(self) -> None:
-        owner = "GraphConfig"
-        _check_buckets(owner, "decode_batch_sizes", self.decode_batch_sizes)
-        _check_int(owner, "window_row_bucket", self.window_row_bucket, 1)
-        _check_int(owner, "max_window_graph_rows", self.max_window_graph_rows, 0)
-        if self.max_window_graph_rows % self.window_row_bucket:
-            raise ValueError(
-                f"GraphConfig.max_window_graph_rows ({self.max_window_graph_rows}) must be a multiple of "
-                f"window_row_bucket ({self.window_row_bucket})"
-            )
-        object.__setattr__(self, "mixed_backend", _coerce_enum(owner, "mixed_backend", MixedBackend, self.mixed_backend))
-        _check_buckets(owner, "mixed_row_buckets", self.mixed_row_buckets)
 
 
 @dataclass(frozen=True)
@@ -111,7 +53,6 @@ class SchedulerConfig:
     max_running: int = 64  # running decode requests, including those admitted this step
     num_draft_tokens: int = 3  # k: a running request verifies 1 + k rows per step
     window: int = DEFAULT_WINDOW  # W: the most prompt rows a new request runs on the decode worker
-    mode: StepMode = StepMode.MIXED
     policy: AdmitPolicy = AdmitPolicy.BUDGET
     # Aging: a queue head that has waited this many steps is admitted even over the token budget.
     max_wait_steps: int = 8
@@ -121,8 +62,6 @@ class SchedulerConfig:
     # (the head of the queue finishes its window before the next request starts); a step then never
     # exceeds the token budget and needs no aging (see plan.py). The admit_all policy runs whole windows.
     window_chunk: int | None = None
-    wait_timeout_s: float | None = None  # Scheduler.expire() drops requests waiting longer
-    graphs: GraphConfig = field(default_factory=GraphConfig)
     # Deterministic inference (--enable-deterministic-inference): chunked windows are cut at fixed
     # multiples of window_chunk from the window's first row, never to the budget left beside the decode
     # rows (a chunk that does not fit waits), so a request's chunks do not depend on the load.
@@ -151,7 +90,6 @@ class SchedulerConfig:
                 f"{owner}.token_budget ({self.token_budget}) must be >= max_running * (1 + num_draft_tokens) "
                 f"= {self.max_running} * {self.verify_width} = {full_decode_rows}, so a full decode batch fits"
             )
-        object.__setattr__(self, "mode", _coerce_enum(owner, "mode", StepMode, self.mode))
         object.__setattr__(self, "policy", _coerce_enum(owner, "policy", AdmitPolicy, self.policy))
         _check_int(owner, "max_wait_steps", self.max_wait_steps, 0)
         if self.window_chunk is not None:
@@ -167,12 +105,6 @@ class SchedulerConfig:
                 f"{head_room} >= window_chunk ({self.window_chunk}), so the queue head's chunk always fits"
             )
         _check_int(owner, "max_waiting", self.max_waiting, 1)
-        if self.wait_timeout_s is not None:
-            t = self.wait_timeout_s
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-                raise ValueError(f"{owner}.wait_timeout_s must be None or a finite number > 0, got {t!r}")
-        if not isinstance(self.graphs, GraphConfig):
-            raise TypeError(f"{owner}.graphs must be a GraphConfig, got {type(self.graphs).__name__}")
 
     @property
     def chunk_rows(self) -> int:

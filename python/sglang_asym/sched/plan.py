@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Sequence
 
-from .config import AdmitPolicy, SchedulerConfig, StepMode
+from .config import AdmitPolicy, SchedulerConfig
 from .request_views import RunningRequest, WaitingRequest, check_step_inputs
 
 
@@ -55,13 +55,12 @@ class AdmitReason(str, Enum):
 
 
 class StepShape(str, Enum):
-    """What rows a step holds and how many forwards run them."""
+    """What rows a step holds."""
 
     IDLE = "idle"
     DECODE_ONLY = "decode_only"
     WINDOW_ONLY = "window_only"
     MIXED = "mixed"  # decode and window rows in one forward
-    DECODE_THEN_WINDOW = "decode_then_window"  # separate mode: decode forward, then window forward
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,6 @@ class StepPlan:
     """The decision for one step: all running requests decode, a FIFO prefix of the queue is admitted."""
 
     step: int
-    mode: StepMode
     token_budget: int
     decode: tuple[RunningRequest, ...]
     # The admitted requests as they run this step: window_rows is the rows of this step (a chunk of the
@@ -143,7 +141,7 @@ class StepPlan:
             return StepShape.DECODE_ONLY
         if not self.decode:
             return StepShape.WINDOW_ONLY
-        return StepShape.MIXED if self.mode is StepMode.MIXED else StepShape.DECODE_THEN_WINDOW
+        return StepShape.MIXED
 
 
 def _budget_reason(index: int, request: WaitingRequest, step: int, budget_left: int, window_left: int,
@@ -220,7 +218,7 @@ def plan_step(
             break  # FIFO: nobody overtakes the first request that cannot go
         admitted.append(request)
         room = room.after(request.window_rows)
-    return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))
+    return StepPlan(step, config.token_budget, decode, tuple(admitted), tuple(decisions))
 
 
 def _plan_chunked(decode: tuple[RunningRequest, ...], room: _StepRoom, waiting: Sequence[WaitingRequest],
@@ -239,4 +237,4 @@ def _plan_chunked(decode: tuple[RunningRequest, ...], room: _StepRoom, waiting: 
         room = room.after(rows)
         if rows < request.window_rows:
             break  # its rest waits at its place: nobody behind it starts a window this step
-    return StepPlan(step, config.mode, config.token_budget, decode, tuple(admitted), tuple(decisions))
+    return StepPlan(step, config.token_budget, decode, tuple(admitted), tuple(decisions))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -38,7 +37,6 @@ class WaitingRequest:
     request_id: str
     window_rows: int
     arrival_step: int  # index of the first step it could have been admitted in
-    arrival_time: float = 0.0  # caller's clock (seconds), only used for wait timeouts
     # Chunked windows: the step that ran this request's latest chunk (window_rows is what is left).
     last_chunk_step: int | None = None
 
@@ -56,9 +54,6 @@ class WaitingRequest:
             raise InvalidRequestError(
                 f"waiting request {self.request_id!r}: arrival_step must be an int >= 0, got {self.arrival_step!r}"
             )
-        t = self.arrival_time
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-            raise InvalidRequestError(f"waiting request {self.request_id!r}: arrival_time must be finite, got {t!r}")
         c = self.last_chunk_step
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < self.arrival_step):
             raise InvalidRequestError(

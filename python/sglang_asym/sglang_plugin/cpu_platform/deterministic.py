@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .cpu_patch import LAUNCHER, SCHEDULER, CpuPatch
+from .cpu_patch import LAUNCHER, CpuPatch
 
 log = logging.getLogger(__name__)
 

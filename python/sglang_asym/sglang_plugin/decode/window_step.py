@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ...sched import RunningRequest, SchedulerConfig, StepMode, WaitingRequest, plan_step
+from ...sched import RunningRequest, SchedulerConfig, WaitingRequest, plan_step
 from ..cpu_platform.deterministic import deterministic_inference
 from ..shared.request_record import note, request_record
 from ..shared.settings import AsymSettings, settings_of
@@ -174,7 +174,7 @@ def scheduler_config(scheduler: Any, settings: AsymSettings) -> SchedulerConfig:
                     settings.token_budget, settings.chunk_rows, max_running, budget)
     return SchedulerConfig(token_budget=budget, max_window_rows_per_step=max(budget, settings.window),
                            max_running=max_running, num_draft_tokens=0, window=settings.window,
-                           mode=StepMode.MIXED, window_chunk=settings.chunk_rows,
+                           window_chunk=settings.chunk_rows,
                            deterministic=deterministic)  # whole chunks on the grid from B
 
 

@@ -53,10 +53,5 @@ class PrefillRole:
     def encoder_layers(self) -> range:
         return range(self.last_kv_source)
 
-    @property
-    def built_layers(self) -> range:
-        """Layers the truncated model has a module for: the encoder and the stripped KV source."""
-        return range(self.last_kv_source + 1)
-
     def admits(self, checkpoint_name: str) -> bool:
         return checkpoint_name in self.checkpoint_names

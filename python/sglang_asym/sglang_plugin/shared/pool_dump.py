@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 DUMP_DIR_ENV = "SGLANG_ASYM_POOL_DUMP_DIR"
 FORWARD_LOG_ENV = "SGLANG_ASYM_FORWARD_LOG"  # a JSON-lines file: one line per reference forward
-COMMIT_TRANSFER = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
 
 
 def dump_dir() -> Path | None:
