@@ -44,7 +44,9 @@ pytestmark = pytest.mark.timeout(600)
 ROUTER = RouterFlavor(os.environ.get("SGLANG_ASYM_FAULT_ROUTER", RouterFlavor.SGLANG_ROUTER.value))
 
 BOOTSTRAP_TIMEOUT_S = 10
-WAITING_TIMEOUT_S = 20
+# D's wait covers P's whole prefix (IN_TRANSFER_N: 3 chunks) and its transfer: on a loaded 2-core CI host 20 s
+# was outlasted by a healthy P (D then failed the request before P shipped a byte)
+WAITING_TIMEOUT_S = 45
 FAULT_ENV = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(BOOTSTRAP_TIMEOUT_S),
              "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S),
              "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2"}
