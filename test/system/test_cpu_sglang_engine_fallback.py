@@ -35,6 +35,10 @@ NEW = 12
 # D's wait for P's rows (SGLang's default is 300 s): above P's compute time of every prompt here on a slow
 # host, since a normal request whose rows come later fails too (and P's error reaches the client)
 WAITING_TIMEOUT_S = 30
+# the prompt aborted on P while P computes its prefix: SGLang's scheduler takes the abort after that forward, which
+# must end inside D's WAITING_TIMEOUT_S, else D's wait fails first and D rightly recomputes (872 computed tokens
+# took P over 30 s on a loaded CI host; 19 s beside two busy loops)
+P_ABORTED_N = 500
 FALLBACK_COUNTER = "sglang_asym:transfer_fallback_recompute_total"
 FALLBACK_LINE = "recomputing its"
 PREFIX_LINE = re.compile(r"recomputed its (\d+)-token prefix on this decode worker in ([\d.]+) s")
@@ -119,7 +123,7 @@ def test_a_request_its_client_aborts_is_not_recomputed(pair):
     unreachable = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pick_free_port(), "bootstrap_room": 7100}
     with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
         for where, url, worker, routing, n in (("D", decode.url, decode, unreachable, 300),
-                                               ("P", router.url, prefill, {}, 1000)):
+                                               ("P", router.url, prefill, {}, P_ABORTED_N)):
             rid = f"fallback-abort-{where}-{time.monotonic_ns()}"
             body = {"input_ids": prompt_of(n), "rid": rid, **routing,
                     "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}

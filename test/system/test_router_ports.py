@@ -10,6 +10,7 @@ import pytest
 from sglang_asym.testing import router_launch
 from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess, RouterStartError
 
+READY_S = 15
 UNSERVED = RouterConfig(prefill=(PrefillWorker("http://127.0.0.1:9"),), decode=("http://127.0.0.1:9",))
 
 
@@ -27,8 +28,10 @@ def test_a_picked_port_taken_before_the_router_binds_it_is_picked_again(taken_po
     monkeypatch.setattr(router_launch, "pick_free_port", lambda host="127.0.0.1": next(picks, None) or real_pick(host))
     router = RouterProcess(UNSERVED, tmp_path / "router.log")
     with pytest.raises(RouterStartError) as raised:  # no worker behind it: it never turns ready
-        router.start(ready_timeout_s=4)
-    assert "not ready after 4" in str(raised.value) and not raised.value.port_taken
+        # long enough for the router binary to start and meet the taken port on a loaded host (it printed
+        # nothing within 4 s once), short since the retried start never turns ready
+        router.start(ready_timeout_s=READY_S)
+    assert f"not ready after {READY_S}" in str(raised.value) and not raised.value.port_taken
     assert router.config.port not in (0, taken_port)
     assert router.pid is None  # stopped
 
