@@ -407,16 +407,21 @@ def answerable(obj: Any) -> None:
         obj.is_single = not isinstance(obj.rid, (list, tuple))
 
 
+def _finish_reason(item: Any) -> Any:
+    """The finish_reason of an output item of SGLang's generate_request (None while the request runs)."""
+    return (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
+
+
 def finished_normally(item: Any) -> bool:
     """An output item of SGLang's generate_request that ends its request, other than by an abort."""
-    reason = (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
+    reason = _finish_reason(item)
     return reason is not None and not (isinstance(reason, dict) and reason.get("type") == "abort")
 
 
 def refused_in(item: Any) -> tuple[int, str] | None:
     """(status, words) of an output item that ends its request with a 4xx abort (how SGLang's scheduler refuses
     a request in a stream); None for any other item."""
-    reason = (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
+    reason = _finish_reason(item)
     if not isinstance(reason, dict) or reason.get("type") != "abort":
         return None
     status = reason.get("status_code")
