@@ -25,6 +25,8 @@ EXPECTED_TARGETS = {
     "sglang.kernels.ops.layernorm.mhc.mhc_combine": {"params": ["x_flat", "pre", "hc", "out_dtype"]},
     "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused":
         {"params": ["self", "layer_id", "loc", "cache_k", "freqs_cis"]},
+    "sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache.store_fp4_index_k_cache":
+        {"params": ["input", "cache", "loc", "page_size", "rne"]},
     "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._snapshot_prefill_shared_reads":
         {"params": ["self", "forward_batch", "num_qo_tokens"]},
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices": {"value": True},

@@ -76,10 +76,10 @@ def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(repo
     before, after = report["patched"]
     assert "sglang.srt.model_loader.loader._initialize_model" not in before
     cpu = {p.target for p in CPU_PATCHES if p.process == SCHEDULER and p.kind != "ATTRIBUTE"}
-    assert len(cpu) == 14  # + cpu_ops.py: the V4 pool's fused store and the attention backend's metadata
+    assert len(cpu) == 15  # + cpu_ops.py: the V4 pool's fused store, the fp4 index-key store, the backend's metadata
     # --enable-deterministic-inference's scheduler patches are installed with them (they act only with the flag)
     cpu |= {p.target for p in DETERMINISTIC_PATCHES if p.process == SCHEDULER}
-    assert len(cpu) == 16
+    assert len(cpu) == 17
     asym = {target for target, _, _ in hooks.scheduler_hook_table()}
     assert len(asym) == 21 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
     assert sorted(set(after) - set(before)) == sorted(asym | cpu)

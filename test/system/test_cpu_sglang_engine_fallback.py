@@ -90,7 +90,7 @@ def test_a_failed_handshake_or_transfer_is_recomputed_on_d_and_equals_the_pair(p
     prefill, decode = pair["prefill"], pair["decode"]
     assert (metric_sum(decode, FALLBACK_COUNTER) or 0.0) == 0.0
     cases = [("P unreachable", 300, pick_free_port()), ("P unreachable", 100, pick_free_port()),
-             ("P never given the room", 900, prefill.bootstrap_port)]
+             ("P never given the room", 400, prefill.bootstrap_port)]
     facts = []
     with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
         for i, (what, n, bootstrap_port) in enumerate(cases):

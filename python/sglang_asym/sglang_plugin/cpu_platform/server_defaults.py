@@ -25,9 +25,9 @@ and one environment default (an environment value the user set is kept):
                                            (seen once in CI between two requests about 5 s apart)
 and, on an asym-prefill server only (`prefill_environment`, from the launcher once its role is known):
   TRITON_INTERPRET                         1: P's forward runs SGLang's own model loop (reference_layer.py),
-                                           and on it one Triton kernel, the fp4 index-key quantizer of
-                                           the pool's `set_index_k_fp4` (layer L's KV path), runs under
-                                           Triton's CPU interpreter; the scheduler processes the launcher
+                                           whose Triton kernels have CPU patches (cpu_ops.py); one that
+                                           has none runs under Triton's CPU interpreter instead of failing
+                                           without a GPU driver; the scheduler processes the launcher
                                            spawns import SGLang's kernels with it set
 """
 
