@@ -2,7 +2,8 @@
 old full-compute symmetric PD, through the same router on the same checkpoint, one long request at a time.
 
 Every pair is `python -m sglang.launch_server --device cpu` (SGLang's scheduler, PD queues and Mooncake over TCP;
-the forward is the reference model over SGLang's pool), started, measured over every N (smallest first) and
+the asym-prefill forward is SGLang's own DeepSeek-V4 layer loop with P's cut and the reference model's blocks as
+its layers, every other forward the reference model over SGLang's pool), started, measured over every N (smallest first) and
 stopped in turn, with sglang-router in front:
   asym                    asym-prefill + asym-decode: P runs [0, B) (B = N - W) through layers 0-19 and layer
                           20's KV path, D runs the last W rows through every layer;
@@ -10,6 +11,9 @@ stopped in turn, with sglang-router in front:
                           layers 0-19 and layer 20's KV path, [B, N) through every layer (bounded replay);
   symmetric-full-compute  prefill + decode with SGLANG_ASYM_FULL_COMPUTE=1: P runs every row through every layer
                           (the old baseline, labelled as such).
+The checkpoint is the test suite's small V4.1 at SGLang's pool geometry, with its YaRN factor raised when the
+longest N needs more than its 16,384 positions (N = 16384 plus the new tokens: 32,768 positions, factor 8); pass
+--max-total-tokens above the longest N, since SGLang's pool on CPU holds 8,192 tokens by default.
 Per request (streamed /generate, greedy, ignore_eos): TTFT and ITL (client side); P's and D's forward seconds,
 rows, and rows run through the last layer (the reference forward's log, SGLANG_ASYM_FORWARD_LOG); bytes on the
 wire (P's `sglang:kv_transfer_total_mb` histogram: for the symmetric pairs SGLang's count of the page items its
@@ -17,7 +21,8 @@ sender moves, for the asym pair the rows the exact-payload manager wrote, the Sp
 resident memory (process tree, VmRSS) idle before the request and its peak during it; the 1-minute load average.
 Ratios over the baseline come from the one run. Writes the JSON after every request (--out).
 
-    cd benchmark && ../.venv/bin/python sglang_serving.py --n 512 2048 4096 [--new-tokens 16] [--note TEXT]
+    cd benchmark && ../.venv/bin/python sglang_serving.py --n 512 2048 4096 16384 --max-total-tokens 20480 \
+        [--new-tokens 16] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -175,6 +180,33 @@ def ratios(pairs: dict, n: int) -> dict:
     return out
 
 
+def serving_config(context: int):
+    """sglang_small (SGLang's pool geometry, 16,384 positions) with at least `context` positions: the YaRN
+    factor over its original 4,096 positions grows to the next power of two that holds them."""
+    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+
+    cfg = sglang_small()
+    scaling = dict(cfg.rope_scaling)
+    positions = cfg.max_position_embeddings
+    while positions < context:
+        positions *= 2
+    scaling["factor"] = positions // scaling["original_max_position_embeddings"]
+    return cfg.replace(max_position_embeddings=positions, rope_scaling=tuple(sorted(scaling.items())))
+
+
+def write_serving_checkpoint(out: Path, context: int) -> Path:
+    """The benchmark's checkpoint: serving_config(context) with random weights at release precision, and a
+    tokenizer (the test suite's checkpoint, seed 11, when 16,384 positions are enough)."""
+    from sglang_asym.checkpoint import write_tokenizer
+    from sglang_asym.checkpoint.quantization import without_quantization
+    from sglang_asym.checkpoint.writer import write_checkpoint
+
+    cfg = serving_config(context)
+    write_checkpoint(out, without_quantization(cfg), seed=11, precision="release", num_shards=3, progress=False)
+    write_tokenizer(out, cfg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None,
@@ -207,10 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         checkpoint = args.checkpoint
         if checkpoint is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
-            from system.sglang_servers import write_sglang_checkpoint
-
-            checkpoint = write_sglang_checkpoint(work / "ckpt")
+            checkpoint = write_serving_checkpoint(work / "ckpt", max(args.n) + args.new_tokens)
         from sglang_asym.config import V41Config
 
         last_layer = V41Config.from_json_file(checkpoint).num_hidden_layers - 1
