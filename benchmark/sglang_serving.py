@@ -3,8 +3,8 @@ old full-compute symmetric PD, through the same router on the same checkpoint, o
 
 Every pair is `python -m sglang.launch_server --device cpu` (SGLang's scheduler, PD queues and Mooncake over TCP;
 the asym-prefill forward is SGLang's own DeepSeek-V4 layer loop with P's cut and the reference model's blocks as
-its layers, every other forward the reference model over SGLang's pool), started, measured over every N (smallest first) and
-stopped in turn, with sglang-router in front:
+its layers, every other forward the reference model over SGLang's pool), started, measured over every N (smallest
+first) and stopped in turn, with sglang-router in front:
   asym                    asym-prefill + asym-decode: P runs [0, B) (B = N - W) through layers 0-19 and layer
                           20's KV path, D runs the last W rows through every layer;
   symmetric               prefill + decode, SGLang's default (the baseline of every ratio): P runs [0, B) through

@@ -12,10 +12,10 @@
 - constrained decoding (`regex`; SGLang's json_schema / ebnf take the same grammar path) is served: the greedy
   tokens equal the in-process reference's under the same grammar mask, the first one from D's window step;
 - SGLang's own bench_serving (random dataset) through the router: every request completes;
-- one case per class of refusal or failure, each ended on both roles at once: what both roles refuse alike
-  before any bootstrap (admission_check.py: prompt logprobs, n > 1, sampling parameters SGLang's
-  SamplingParams.verify rejects; SGLang's own tokenizer manager: a prompt longer than the context length),
-  a prompt only P refuses (longer than P's scheduler takes: P's pool is the smaller; P relays its 400 to D,
+- one case per class of refusal or failure, each ended on both roles at once (the classes again behind smg):
+  what both roles refuse alike before any bootstrap (admission_check.py: prompt logprobs, n > 1, sampling
+  parameters SGLang's SamplingParams.verify rejects; SGLang's own tokenizer manager: a prompt longer than the
+  context length), a prompt only P refuses (longer than P's scheduler takes: P's pool is the smaller; P relays its 400 to D,
   prefill/refusal.py, and D answers with it, shared/relayed_refusal.py), and a stream its client closes
   mid-way. Each is answered within 2 s with a 4xx (a refused /generate stream: an error event with the same
   code; the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker unhealthy,
@@ -368,3 +368,33 @@ def test_sglang_bench_serving_random_dataset_all_succeed(pair, client):
     assert record["completed"] == 3 and unserved(record, load) == [], record
     assert record["total_output_tokens"] == sum(requested_lengths(load)[1])
     assert record["mean_ttft_ms"] > 0 and record["p99_itl_ms"] >= record["median_itl_ms"] >= 0
+
+
+def test_the_refusal_classes_end_at_once_behind_smg(pair):
+    """The same classes through smg in front of the same pair (smg routes by the served model's name): refused by
+    both roles alike before any bootstrap (invalid sampling parameters, prompt logprobs, n > 1, a prompt longer
+    than the context), and refused by P alone (longer than P takes: smg answers with P's 400 itself, while D,
+    told by P, frees its slot). Each answered with its
+    4xx within REFUSAL_S, both pools empty again, both workers healthy, the next request served through smg."""
+    context = _context_length(pair)
+    p_limit = server_info(pair["prefill"])["max_req_input_len"]
+    with patient_router(pair["prefill"], pair["decode"], RouterFlavor.SMG) as smg:
+        behind_smg = {**pair, "router": smg}
+        client = openai.OpenAI(base_url=smg.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        refused = _generate_refused_at_once(behind_smg, {"input_ids": prompt_of(300),
+                                                         "sampling_params": {"max_new_tokens": 4, "top_p": 2}})
+        assert "top_p" in refused
+        refused = _refused_at_once(behind_smg, lambda: client.completions.create(
+            model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0, logprobs=2, echo=True))
+        assert "prompt logprobs" in str(refused)
+        refused = _refused_at_once(behind_smg, lambda: client.completions.create(
+            model=MODEL, prompt=text_of(300), max_tokens=4, temperature=0.7, n=2, seed=5))
+        assert "parallel sampling (n = 2)" in str(refused)
+        refused = _generate_refused_at_once(behind_smg, {"input_ids": prompt_of(context + 1),
+                                                         "sampling_params": {"max_new_tokens": 4}}, 400)
+        assert f"longer than the model's context length ({context} tokens)" in refused
+        refused = _generate_refused_at_once(behind_smg, {"input_ids": prompt_of(p_limit),
+                                                         "sampling_params": {"max_new_tokens": 4}}, 400)
+        # smg answers P's 400 itself (sglang-router answers with D's relay of it); D's slot is freed all the same
+        assert '"code": "prefill_bad_request"' in refused
+        assert f"exceeds the maximum allowed length ({p_limit} tokens)" in refused

@@ -126,8 +126,8 @@ def store_fp4_index_k_in_torch(input: torch.Tensor, cache: torch.Tensor, loc: to
     page, slot = loc // page_size, loc % page_size
     at = slot.unsqueeze(1) * _INDEX_K_PAYLOAD_BYTES + torch.arange(_INDEX_K_PAYLOAD_BYTES)
     cache[page.unsqueeze(1), at] = payload
-    at = page_size * _INDEX_K_PAYLOAD_BYTES + slot.unsqueeze(1) * _INDEX_K_SCALE_BYTES + torch.arange(_INDEX_K_SCALE_BYTES)
-    cache[page.unsqueeze(1), at] = exponent.to(torch.uint8)
+    scales_at = page_size * _INDEX_K_PAYLOAD_BYTES + slot.unsqueeze(1) * _INDEX_K_SCALE_BYTES
+    cache[page.unsqueeze(1), scales_at + torch.arange(_INDEX_K_SCALE_BYTES)] = exponent.to(torch.uint8)
 
 
 @dataclass(frozen=True)
