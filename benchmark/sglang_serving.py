@@ -194,19 +194,6 @@ def serving_config(context: int):
     return cfg.replace(max_position_embeddings=positions, rope_scaling=tuple(sorted(scaling.items())))
 
 
-def write_serving_checkpoint(out: Path, context: int) -> Path:
-    """The benchmark's checkpoint: serving_config(context) with random weights at release precision, and a
-    tokenizer (the test suite's checkpoint, seed 11, when 16,384 positions are enough)."""
-    from sglang_asym.checkpoint import write_tokenizer
-    from sglang_asym.checkpoint.quantization import without_quantization
-    from sglang_asym.checkpoint.writer import write_checkpoint
-
-    cfg = serving_config(context)
-    write_checkpoint(out, without_quantization(cfg), seed=11, precision="release", num_shards=3, progress=False)
-    write_tokenizer(out, cfg)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None,
@@ -239,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         checkpoint = args.checkpoint
         if checkpoint is None:
-            checkpoint = write_serving_checkpoint(work / "ckpt", max(args.n) + args.new_tokens)
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
+            from system.sglang_servers import write_sglang_checkpoint
+
+            checkpoint = write_sglang_checkpoint(work / "ckpt", serving_config(max(args.n) + args.new_tokens))
         from sglang_asym.config import V41Config
 
         last_layer = V41Config.from_json_file(checkpoint).num_hidden_layers - 1

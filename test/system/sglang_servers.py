@@ -35,16 +35,17 @@ def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dic
                         bootstrap_port=bootstrap_port)
 
 
-def write_sglang_checkpoint(out: Path) -> Path:
-    """The small V4.1 at SGLang's pool geometry (head_dim 512), release precision, with a tokenizer."""
+def write_sglang_checkpoint(out: Path, cfg: Any = None) -> Path:
+    """The small V4.1 at SGLang's pool geometry (head_dim 512; `cfg`: a variant of it, default sglang_small),
+    release precision, with a tokenizer."""
     from sglang_asym.checkpoint import write_tokenizer
     from sglang_asym.checkpoint.quantization import without_quantization
     from sglang_asym.checkpoint.writer import write_checkpoint
     from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
-    write_checkpoint(out, without_quantization(sglang_small()), seed=11, precision="release", num_shards=3,
-                     progress=False)
-    write_tokenizer(out, sglang_small())
+    cfg = sglang_small() if cfg is None else cfg
+    write_checkpoint(out, without_quantization(cfg), seed=11, precision="release", num_shards=3, progress=False)
+    write_tokenizer(out, cfg)
     return out
 
 

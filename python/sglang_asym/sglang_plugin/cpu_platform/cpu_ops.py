@@ -25,7 +25,7 @@ around them is SGLang's.
         interpreter each program is Python: it was 59% of P's time on a 2,000-token prompt (py-spy). Here: the
         same arithmetic in torch (fp32 group maxima / 6 floored at 1e-4, the exponent rounded up and clamped to
         [1, 254], each value divided by its power-of-two scale, the kernel's e2m1 thresholds, a sign only on a
-        nonzero code), written to the same page bytes; equal byte for byte to the kernels (cpu_ops_checks.py).
+        nonzero code), written to the same page bytes; equal byte for byte to the kernels (test_index_k_store.py).
   DeepseekV4AttnBackend.init_forward_metadata                       REPLACE  `low_ratio_forward_metadata`
         SGLang's builds FlashMLA / DeepGEMM metadata (CUDA). The low-ratio source writes read only the
         cache-write locations: `core_metadata.raw_out_loc` (the batch's out_cache_loc) and the c1 / c2 slots
@@ -88,7 +88,7 @@ _INDEX_K_PAYLOAD_BYTES, _INDEX_K_SCALE_BYTES = _INDEX_K_DIM // 2, _INDEX_K_DIM /
 _E2M1_BOUNDARIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
-def _e2m1_codes(scaled: torch.Tensor, rne: bool) -> torch.Tensor:
+def _sglang_e2m1_codes(scaled: torch.Tensor, rne: bool) -> torch.Tensor:
     """uint8 e2m1 codes of fp32 values already divided by their scale, as SGLang's `_fp4_e2m1_code` (thresholds
     exclusive) or `_fp4_e2m1_code_rne` (inclusive, an odd code at an exact boundary drops to the even one)."""
     magnitude = scaled.abs().clamp(max=6.0)
@@ -115,12 +115,12 @@ def store_fp4_index_k_in_torch(input: torch.Tensor, cache: torch.Tensor, loc: to
     if values.shape[0] == 0:
         return
     groups = values.view(-1, _INDEX_K_SCALE_BYTES, _INDEX_K_GROUP)
+    # the kernel's exponent in int32 before its clamp (formats.codec's uint8 ue8m0 would wrap a NaN group's 256)
     floor = torch.clamp(groups.abs().amax(dim=-1) / 6.0, min=1.0e-4)
     bits = floor.view(torch.int32)
-    exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    exponent = exponent.clamp(1, 254)
+    exponent = (((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)).clamp(1, 254)
     scale = (exponent << 23).view(torch.float32)
-    codes = _e2m1_codes((groups / scale.unsqueeze(-1)).view(-1, _INDEX_K_DIM), rne)
+    codes = _sglang_e2m1_codes((groups / scale.unsqueeze(-1)).view(-1, _INDEX_K_DIM), rne)
     payload = codes[:, 0::2] | (codes[:, 1::2] << 4)
     loc = loc.reshape(-1).to(torch.int64)
     page, slot = loc // page_size, loc % page_size
