@@ -127,10 +127,11 @@ def prefill_refusal_answers_the_decode_question():
     context length, which D refuses alike) before D asked about the room: P's bootstrap server answers D's
     question with that refusal, and D's client gets the same 400 in P's words, not the 503 that says P is full
     (which a room P closed for any other reason still reads as). A stream's refusal by P's scheduler (a prompt
-    longer than P's max_req_input_len) ends in a 4xx abort item rather than a ValueError: recorded alike."""
+    longer than P's max_req_input_len) ends in a 4xx abort item rather than a ValueError: recorded alike. The
+    other way round, D's close of a room it refused carries its 4xx, and P's later copy is refused with it."""
     from aiohttp import web
 
-    from sglang_asym.sglang_plugin.shared.admission import DeadlinePassed, PrefillRefused
+    from sglang_asym.sglang_plugin.shared.admission import DECODE_REFUSED_MESSAGE, DeadlinePassed, PrefillRefused
     from sglang_asym.sglang_plugin.shared.relayed_refusal import REFUSED_MESSAGE
 
     words = "The input (16385 tokens) is longer than the model's context length (16384 tokens)."
@@ -181,8 +182,17 @@ def prefill_refusal_answers_the_decode_question():
             assert await run(prefill, scheduler_refused, 14, port) == [""]
             assert await run(decode, served, 14, port) == ("PrefillRefused", 400,
                                                            REFUSED_MESSAGE.format(message=long_words))
+            # the other way round: D refuses its copy first (the same context length) and closes the room on P
+            # with its 400; P's copy that comes after the close is refused with D's 400, not a 503
+            assert await run(decode, failing(ValueError(words)), 15, port) == ("ValueError", None, words)
+            for _ in range(250):  # D's close reaches P's bootstrap server in a task of its own
+                if prefill.rooms.refusal(15) is not None:
+                    break
+                await asyncio.sleep(0.02)
+            decode_words = DECODE_REFUSED_MESSAGE.format(message=words)
+            assert await run(prefill, served, 15, port) == ("ClosedRoomRefused", 400, decode_words)
             assert prefill.rooms.holding() == decode.rooms.holding() == 0
-            assert prefill.rooms.refusals == {11: (400, words), 14: (400, long_words)}
+            assert prefill.rooms.refusals == {11: (400, words), 14: (400, long_words), 15: (400, decode_words)}
         finally:
             await runner.cleanup()
 

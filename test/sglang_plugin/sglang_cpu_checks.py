@@ -861,6 +861,13 @@ ASYM_RELIED_ON = {
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": [
         'reason = req.discard_output_reason or FINISH_ABORT("Aborted")', "req.disagg_kv_sender.abort()",
         "release_kv_cache(req, self.tree_cache, checkpoint=False)", "self.chunked_req = None"],
+    # out_of_memory.py: P's normal loop hands run_batch's result to process_batch_result; an aborted request's
+    # pages, metadata slot and sender are freed by the retire step
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.event_loop_normal_disagg_prefill": [
+        "result = self.run_batch(batch)", "self.process_batch_result(batch, result)"],
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin._retire_aborted_prefill_result": [
+        "sender.abort()", "maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)",
+        "release_kv_cache(req, self.tree_cache, checkpoint=False)"],
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager.start_prefill_thread": [
         "self.transfer_infos[room][mooncake_session_id] = (", "self.update_status(room, KVPoll.WaitingForInput)"],
     "sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.compute_and_observe_kv_transfer_metrics": [
@@ -881,6 +888,9 @@ ASYM_RELIED_ON = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_finish_reason": [
         'status_code = finish_reason.get("status_code")', "if status_code == HTTPStatus.BAD_REQUEST:",
         'raise ValueError(finish_reason["message"])', "return out"],
+    # relayed_refusal.py: the OpenAI handlers answer the tokenizer manager's ValueError by its text alone
+    "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._handle_non_streaming_request": [
+        "except ValueError as e:", "return self.create_error_response(str(e))"],
     "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._generate_completion_stream": [
         'if finish_reason_type == "abort" and isinstance(', 'finish_reason.get("status_code"), HTTPStatus'],
 }
@@ -913,8 +923,10 @@ ASYM_SIGNATURES = (
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.force_exit_handler",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_finish_reason",
+    "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.create_error_response",
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin._retire_aborted_prefill_result",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.poll",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_req",
     "sglang.srt.disaggregation.common.conn.CommonKVSender.abort",

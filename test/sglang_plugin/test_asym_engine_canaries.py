@@ -28,6 +28,11 @@ EXPECTED_SIGNATURES = {
     f"{PREFILL}.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run":
         ["self", "running_batch", "last_batch", "should_retry_storage_prefetch"],
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort": ["self"],
+    "sglang.srt.managers.scheduler.Scheduler.run_batch": ["self", "batch", "pp_proxy_tensors"],
+    "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.create_error_response":
+        ["self", "message", "err_type", "status_code", "param"],
+    "sglang.srt.managers.scheduler.Scheduler.process_batch_result": ["self", "batch", "result"],
+    f"{PREFILL}.SchedulerDisaggregationPrefillMixin._retire_aborted_prefill_result": ["self", "req"],
     "sglang.srt.disaggregation.common.conn.CommonKVSender.poll": ["self"],
     f"{DECODE}.DecodePreallocQueue._swa_tail_len": ["self", "seq_len"],
     f"{DECODE}.DecodePreallocQueue._send_kv_metadata":

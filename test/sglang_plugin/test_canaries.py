@@ -65,6 +65,7 @@ def test_every_hooked_symbol_has_a_canary():
         "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
         "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
         "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
+        "sglang.srt.managers.scheduler.Scheduler.run_batch", "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
         "sglang.srt.disaggregation.decode.DecodePreallocQueue._swa_tail_len",
         "sglang.srt.disaggregation.decode.DecodePreallocQueue._send_kv_metadata",
         "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req",

@@ -81,7 +81,7 @@ def test_the_scheduler_hooks_are_installed_when_an_asym_scheduler_publishes(repo
     cpu |= {p.target for p in DETERMINISTIC_PATCHES if p.process == SCHEDULER}
     assert len(cpu) == 17
     asym = {target for target, _, _ in hooks.scheduler_hook_table()}
-    assert len(asym) == 21 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
+    assert len(asym) == 23 and "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.add" in asym
     assert sorted(set(after) - set(before)) == sorted(asym | cpu)
 
 

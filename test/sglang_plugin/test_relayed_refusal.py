@@ -63,8 +63,15 @@ def test_a_relayed_4xx_is_read_back_from_ds_abort_message(status):
     assert relayed_refusal(text) == (HTTPStatus(status), REFUSED_MESSAGE.format(message="why: (x)\nsecond line"))
 
 
+def test_a_relayed_503_is_read_back_as_a_failure_of_ps_that_it_lives_through():
+    text = "Decode handshake failed ... with exception KVTransferError(bootstrap_room=3): " + \
+           relay_reason(3, 503, "ran out of memory")
+    assert relayed_refusal(text) == (HTTPStatus.SERVICE_UNAVAILABLE,
+                                     "sglang-asym: the prefill worker could not serve the request: ran out of memory")
+
+
 @pytest.mark.parametrize("text", [
-    relay_reason(3, 500, "P failed"), relay_reason(3, 503, "P busy"), relay_reason(3, 499, "no such status"),
+    relay_reason(3, 500, "P failed"), relay_reason(3, 502, "P busy"), relay_reason(3, 499, "no such status"),
     f"sglang-asym: request of room 3 {PREFILL_ABORT_WORDS}",
     "Decode handshake failed for request rank=0 with exception KVTransferError(bootstrap_room=3): Prefill "
     "bootstrap failed",
@@ -92,3 +99,17 @@ def test_ds_tokenizer_manager_answers_a_relayed_refusal_with_ps_status():
         assert (plain["raised"], plain["status"], plain["message"], plain["in_flight"]) == \
             ("HTTPException", 500, plain["d_message"], [])
         assert (stream["raised"], stream["status"], stream["message"]) == (None, 500, stream["d_message"])
+
+
+def test_an_openai_answer_of_ps_relayed_503_keeps_its_status_and_others_stay_sglangs():
+    from sglang_asym.sglang_plugin.shared.relayed_refusal import FAILED_MESSAGE, around_openai_error_response
+
+    def original(serving, message, err_type="BadRequestError", status_code=400, param=None):
+        return (message, err_type, status_code, param)
+
+    failed = FAILED_MESSAGE.format(message="ran out of memory")
+    assert around_openai_error_response(original, None, failed) == (failed, "ServiceUnavailableError", 503, None)
+    refused = REFUSED_MESSAGE.format(message=TOO_LONG)
+    assert around_openai_error_response(original, None, refused) == (refused, "BadRequestError", 400, None)
+    assert around_openai_error_response(original, None, "x", "NotFoundError", 404, param="model") == (
+        "x", "NotFoundError", 404, "model")

@@ -9,6 +9,7 @@ import types
 
 from sglang.srt.disaggregation.base.conn import KVPoll
 
+from sglang_asym.sglang_plugin.shared.relayed_refusal import relay_reason, relayed_refusal
 from sglang_asym.sglang_plugin.shared.room_lifecycle import PREFILL_ABORT_WORDS, RoomLifecycleManager, RoomLifecycleSender
 
 ROOM = 41
@@ -84,6 +85,9 @@ class RecordingSender:
     def send(self, *args) -> None:
         pass
 
+    def clear(self) -> None:
+        pass
+
 
 class Sender(RoomLifecycleSender, RecordingSender):
     pass
@@ -121,3 +125,31 @@ def test_an_abort_on_p_with_rows_queued_tells_d_once_the_writes_in_flight_draine
     manager._staging_outstanding[ROOM] = 0
     [(targets, room, status, reason)] = _sent_within(manager, 5.0)
     assert (targets, room, status) == ([D], ROOM, KVPoll.Failed) and PREFILL_ABORT_WORDS in reason
+
+
+OUT_OF_MEMORY = relay_reason(ROOM, 503, "the prefill worker ran out of memory")
+
+
+def test_an_abort_with_ps_reason_tells_d_that_reason_whole():
+    """out_of_memory.py notes the room aborted with its relay reason before SGLang's retire step aborts the
+    sender: D's Failed frame carries P's status and words, and nothing else."""
+    manager = _aborting_manager(outstanding=0)
+    sender = Sender(manager, "p:1", ROOM)
+    manager.note_aborted(ROOM, OUT_OF_MEMORY)
+    sender.abort()  # notes the room aborted again, without a reason: the reason stays
+    assert manager.sent == [([D], ROOM, KVPoll.Failed, OUT_OF_MEMORY)]
+    assert relayed_refusal(OUT_OF_MEMORY)[0] == 503
+
+
+def test_an_aborted_rooms_reason_answers_a_late_handshake_and_ends_with_the_next_request():
+    manager = _aborting_manager(outstanding=0)
+    manager._room_notify_targets = lambda room: []  # D has not handshaken yet
+    sender = Sender(manager, "p:1", ROOM)
+    manager.note_aborted(ROOM, OUT_OF_MEMORY)
+    sender.abort()
+    sender.conclude_state = KVPoll.Failed
+    sender.clear()  # SGLang's scheduler clears the sender before D's handshake came
+    handshake(manager)
+    assert manager.sent == [([D], ROOM, KVPoll.Failed, OUT_OF_MEMORY)] and manager.statuses == []
+    Sender(manager, "p:1", ROOM)  # the room's next request (a retry) starts with no reason of the old one
+    assert ROOM not in manager._abort_reasons and ROOM not in manager._aborted_rooms

@@ -19,17 +19,22 @@
   prefill/refusal.py, and D answers with it, shared/relayed_refusal.py), and a stream its client closes
   mid-way. Each is answered within 2 s with a 4xx (a refused /generate stream: an error event with the same
   code; the closed stream: both roles end it within ABORT_S), both pools back to empty, neither worker unhealthy,
-  and the next request served.
+  and the next request served;
+- P's prefix forward running out of memory (its scheduler's address space capped just above what it maps):
+  a 503 that says so on both roles at once, P's scheduler serves on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
+import resource
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -362,6 +367,80 @@ def test_stream_closed_by_its_client_ends_on_both_roles(pair, client):
     _recovers(pair, ABORT_S)
 
 
+OUT_OF_MEMORY_WORDS = 380  # a text prompt of about 1440 tokens: P computes about 1310, within its pool
+OUT_OF_MEMORY_HEADROOM_MB = 16  # address space P's scheduler may map beyond what it maps now, during the case
+
+
+def _scheduler_pid(server) -> int:
+    """P's scheduler process: the launcher's child holding the model (the largest resident set)."""
+    children = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
+                and _field(int(entry.name), "PPid") == server.proc.pid]
+    return max(children, key=lambda pid: _field(pid, "VmRSS") or 0)
+
+
+def _field(pid: int, name: str) -> int | None:
+    """A number field of /proc/PID/status (kB for sizes), None when the process or the field is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith(name + ":")), None)
+
+
+@contextlib.contextmanager
+def address_space_capped(pid: int, headroom_mb: int):
+    """For the block, process `pid` may map at most `headroom_mb` more than it maps now (RLIMIT_AS, the
+    kernel's own limit: an allocation beyond it fails as it does when memory runs out); then no limit."""
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+    resource.prlimit(pid, resource.RLIMIT_AS, (_field(pid, "VmSize") * 1024 + headroom_mb * 2**20, hard))
+    try:
+        yield
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_AS, (soft, hard))
+
+
+def _out_of_memory_on_p(pair, client: openai.OpenAI | None = None) -> tuple[int, str, float, Exception | None]:
+    """A prompt is served through pair["router"] once; then P's scheduler may map only a little more memory than
+    it maps now, and the same prompt's prefix forward needs more: torch's allocator fails in P's forward ("can't
+    allocate memory"; the first run made oneDNN's primitives for these shapes, so the failure is not inside
+    oneDNN, which does not recover from one). Returns the capped /generate's status, its answer, its seconds,
+    and what `client` (when given) got for the same text as a completion; checks the recovery: both pools empty
+    within REFUSAL_S, both workers healthy, the next request served, the same prompt's tokens as before."""
+    scheduler = _scheduler_pid(pair["prefill"])
+    body = {"text": text_of(OUT_OF_MEMORY_WORDS), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    status, served = post(pair["router"].url + "/generate", body, timeout_s=300)
+    assert status == 200 and len(served["output_ids"]) == 4, served
+    completion = None
+    with address_space_capped(scheduler, OUT_OF_MEMORY_HEADROOM_MB):
+        start = time.monotonic()
+        answered, answer = post(pair["router"].url + "/generate", body, timeout_s=120)
+        took = time.monotonic() - start
+        if client is not None:
+            with pytest.raises(openai.APIStatusError) as refused:
+                client.completions.create(model=MODEL, prompt=body["text"], max_tokens=4, temperature=0)
+            completion = refused.value
+    assert _field(scheduler, "VmRSS") is not None  # the same scheduler process serves on
+    _recovers(pair, REFUSAL_S)
+    status, again = post(pair["router"].url + "/generate", body, timeout_s=300)
+    assert status == 200 and again["output_ids"] == served["output_ids"], again
+    return answered, json.dumps(answer), took, completion
+
+
+def test_a_prefill_forward_out_of_memory_ends_the_request_on_both_roles_and_p_serves_on(pair, client):
+    """P ends the request whose forward ran out of memory with a 503 that says so and lives on
+    (prefill/out_of_memory.py); D hears it through the room (the Failed frame carries P's status and words) and
+    answers the client with them, as a /generate and as an OpenAI completion (_out_of_memory_on_p)."""
+    answered, answer, took, completion = _out_of_memory_on_p(pair, client)
+    assert answered == 503 and "the prefill worker could not serve the request" in answer, (answered, took, answer)
+    assert "ran out of memory computing this prompt's prefix" in answer and "can't allocate memory" in answer
+    # P's forward up to its failing allocation (1.2 s on an idle 2-core machine), then the answer at once on both
+    # roles (D's waiting timeout would be 300 s)
+    assert took < 3 * REFUSAL_S, took
+    assert completion.status_code == 503 and "ran out of memory" in str(completion), completion
+    log = pair["prefill"].log.read_text(errors="replace")
+    assert log.count("ran out of memory (") == 2 and "the worker serves on" in log
+
+
 def test_sglang_bench_serving_random_dataset_all_succeed(pair, client):
     load = RandomLoad(num_prompts=3, input_len=300, output_len=4, range_ratio=0.5, max_concurrency=1)
     record = run_bench_serving(pair["router"].url, pair["checkpoint"], load, timeout_s=600)
@@ -373,9 +452,10 @@ def test_sglang_bench_serving_random_dataset_all_succeed(pair, client):
 def test_the_refusal_classes_end_at_once_behind_smg(pair):
     """The same classes through smg in front of the same pair (smg routes by the served model's name): refused by
     both roles alike before any bootstrap (invalid sampling parameters, prompt logprobs, n > 1, a prompt longer
-    than the context), and refused by P alone (longer than P takes: smg answers with P's 400 itself, while D,
-    told by P, frees its slot). Each answered with its
-    4xx within REFUSAL_S, both pools empty again, both workers healthy, the next request served through smg."""
+    than the context), refused by P alone (longer than P takes: smg answers with P's 400 itself, while D,
+    told by P, frees its slot), and P's forward out of memory (a 503 once P's forward failed). Each refusal answered
+    with its 4xx within REFUSAL_S, both pools empty again, both workers healthy, the next request served through
+    smg."""
     context = _context_length(pair)
     p_limit = server_info(pair["prefill"])["max_req_input_len"]
     with patient_router(pair["prefill"], pair["decode"], RouterFlavor.SMG) as smg:
@@ -398,3 +478,6 @@ def test_the_refusal_classes_end_at_once_behind_smg(pair):
         # smg answers P's 400 itself (sglang-router answers with D's relay of it); D's slot is freed all the same
         assert '"code": "prefill_bad_request"' in refused
         assert f"exceeds the maximum allowed length ({p_limit} tokens)" in refused
+        answered, answer, took, _ = _out_of_memory_on_p(behind_smg)
+        assert answered == 503 and "ran out of memory computing this prompt's prefix" in answer, (answered, answer)
+        assert took < 3 * REFUSAL_S, took

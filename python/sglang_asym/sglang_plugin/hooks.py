@@ -22,7 +22,7 @@
                                     (shared/admission_check.py: TokenizerManager._init_req_state AROUND),
                                     and P's refusals relayed to D answered with P's 4xx, not a 500
                                     (shared/relayed_refusal.py: TokenizerManager._handle_abort_finish_reason
-                                    AROUND)
+                                    AROUND; OpenAIServingBase.create_error_response AROUND, P's 503)
   ServerArgs.from_cli_args also sets, for an asym server, the environment defaults its processes
                                     inherit: the PD waits bounded by --asym-request-deadline-s
                                     (shared/admission.py) and /health as liveness (shared/liveness.py)

@@ -22,6 +22,9 @@
   SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run
                             AROUND  a prompt in chunked prefill whose room failed goes to SGLang's
                                     chunked-abort path before its next chunk (stop.py)
+  Scheduler.run_batch, Scheduler.process_batch_result
+                            AROUND  a prefill forward that runs out of memory ends its batch's requests on
+                                    both roles with a 503 and P serves on (out_of_memory.py)
 Every hook is a no-op on a server that is not asym-prefill (the decode role shares the scheduler table).
 """
 
@@ -35,7 +38,7 @@ from ...config import V41Config
 from ...split import SplitPlan
 from ..shared.admission_check import PROMPT_LOGPROBS_MESSAGE, asks_prompt_logprobs
 from ..shared.settings import settings_of
-from . import exact_payload, stop, zero
+from . import exact_payload, out_of_memory, stop, zero
 from . import refusal as refusal_relay
 from .cut import cut_request, prefill_cut_for, prompt_len_of
 from .cut_hook import install_prefill_cut
@@ -50,6 +53,9 @@ EARLY = f"{PREFILL}.PrefillBootstrapQueue.can_prefill_before_bootstrap"
 POP_BOOTSTRAPPED = f"{PREFILL}.PrefillBootstrapQueue.pop_bootstrapped"
 INFLIGHT = f"{PREFILL}.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue"
 NEXT_BATCH = f"{PREFILL}.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run"
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+RUN_BATCH = f"{SCHEDULER}.run_batch"
+PROCESS_BATCH_RESULT = f"{SCHEDULER}.process_batch_result"
 
 log = logging.getLogger(__name__)
 
@@ -134,4 +140,6 @@ HOOKS: tuple[tuple[str, Callable, str], ...] = (
     (POP_BOOTSTRAPPED, zero.around_pop_bootstrapped, "AROUND"),
     (INFLIGHT, zero.around_process_inflight, "AROUND"),
     (NEXT_BATCH, stop.around_next_prefill_batch, "AROUND"),
+    (RUN_BATCH, out_of_memory.around_run_batch, "AROUND"),
+    (PROCESS_BATCH_RESULT, out_of_memory.around_process_batch_result, "AROUND"),
 )

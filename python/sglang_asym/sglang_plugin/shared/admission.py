@@ -22,7 +22,9 @@ server (TokenizerManager.generate_request AROUND):
              D recomputes what P cannot send (--asym-transfer-fallback recompute). A room whose copy P's
              launcher refused with a 4xx before D asked (SGLang's tokenizer manager: a prompt longer than
              the context length, which D refuses alike) is answered with that refusal, and D's client gets
-             the same 4xx in P's words, not a 503 that says P is full.
+             the same 4xx in P's words, not a 503 that says P is full; the other way round, D's close of a
+             room it refused with a 4xx carries that refusal, and P's copy that comes after it is refused with
+             it (a router that answers with P's error, smg, then says D's 400, not P's 503).
   deadline   every admitted request ends within --asym-request-deadline-s on each side: past it, the
              request is aborted in its scheduler (which frees its pool slots and tells the peer) and
              the client gets a 503 that says so. The scheduler's own PD waits (P's bootstrap wait,
@@ -47,6 +49,8 @@ from typing import Any, AsyncIterator, Callable
 
 from .admission_check import AsymAdmissionError, refusal_of
 from .relayed_refusal import REFUSED_MESSAGE
+
+DECODE_REFUSED_MESSAGE = "sglang-asym: the decode worker refused the request: {message}"
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,15 @@ class PeerUnreachable(Overloaded):
 
 class DeadlinePassed(ValueError):
     status_code = 503
+
+
+class ClosedRoomRefused(ValueError):
+    """A copy of a room that was closed with a 4xx (this server's own earlier refusal, or the peer's that its
+    close carried) is refused with that 4xx and those words."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class PrefillRefused(ValueError):
@@ -215,8 +228,8 @@ class RoomTable:
         now = time.monotonic() if now is None else now
         with self.lock:
             self.closed[room] = now + self.ttl_s
-            if refusal is not None:
-                self.refusals[room] = refusal
+            if refusal is not None:  # the first refusal stands (P's own, before D's close that relays it)
+                self.refusals.setdefault(room, refusal)
             return self.held.pop(room, None) is not None
 
     def refusal(self, room: int) -> tuple[int, str] | None:
@@ -254,9 +267,10 @@ class AdmissionGate:
                 log.warning("room %s closed by the decode worker: aborting request %s", room, rid)
                 self.manager.abort_request(rid)
 
-    def close_from_peer(self, room: int) -> None:
-        """D refused or ended `room`: P's copy is refused on arrival or aborted now."""
-        if self.rooms.close(room) and self.loop is not None:
+    def close_from_peer(self, room: int, refusal: tuple[int, str] | None = None) -> None:
+        """D refused (with the 4xx `refusal`, if so) or ended `room`: P's copy is refused on arrival or aborted
+        now."""
+        if self.rooms.close(room, refusal=refusal) and self.loop is not None:
             self.loop.call_soon_threadsafe(self.abort_room, room)
 
 
@@ -274,9 +288,9 @@ def admission_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}{ADMISSION_PATH}"
 
 
-async def ask_prefill(obj: Any, op: str) -> dict | None:
+async def ask_prefill(obj: Any, op: str, refusal: tuple[int, str] | None = None) -> dict | None:
     """P's answer for the request's room ({"admitted": bool, "refusal": {"status", "message"} when P refused the
-    room's own request with a 4xx}), None when P is unreachable."""
+    room's own request with a 4xx}), None when P is unreachable. A "close" carries D's 4xx `refusal` if any."""
     import aiohttp
 
     if obj.bootstrap_host is None or obj.bootstrap_port is None:
@@ -284,7 +298,9 @@ async def ask_prefill(obj: Any, op: str) -> dict | None:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as session:
             async with session.post(admission_url(obj.bootstrap_host, obj.bootstrap_port),
-                                    json={"room": obj.bootstrap_room, "op": op}) as resp:
+                                    json={"room": obj.bootstrap_room, "op": op,
+                                          "refusal": refusal and {"status": refusal[0], "message": refusal[1]}}
+                                    ) as resp:
                 if resp.status != 200:
                     return None
                 answer = await resp.json()
@@ -294,9 +310,9 @@ async def ask_prefill(obj: Any, op: str) -> dict | None:
         return None
 
 
-def close_on_prefill(obj: Any) -> None:
-    """Tells P, without waiting, that D refused or ended the room."""
-    asyncio.get_running_loop().create_task(ask_prefill(obj, "close"))
+def close_on_prefill(obj: Any, refusal: tuple[int, str] | None = None) -> None:
+    """Tells P, without waiting, that D refused (with the 4xx `refusal`, if so) or ended the room."""
+    asyncio.get_running_loop().create_task(ask_prefill(obj, "close", refusal))
 
 
 async def within_deadline(gen: AsyncIterator, manager: Any, obj: Any, deadline_s: float) -> AsyncIterator:
@@ -357,6 +373,11 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
     if not decision:
         if not gate.is_prefill:
             close_on_prefill(obj)
+        if decision is RoomDecision.ENDED and gate.rooms.refusal(room) is not None:
+            status, words = gate.rooms.refusal(room)
+            log.warning("refused room %s with the %d it was closed with", room, status)
+            answerable(obj)
+            raise ClosedRoomRefused(words, status)
         if decision is RoomDecision.ENDED:
             log.warning("refused room %s: it was already ended here or by the peer worker", room)
             raise Overloaded("sglang-asym: this request's room was already ended (refused or aborted by the "
@@ -383,11 +404,12 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
         async for item in within_deadline(original(manager, obj, *args, **kwargs), manager, obj, limits.deadline_s):
             # SGLang's non-streaming handler takes the final item and closes the generator at this yield
             ended = finished_normally(item)
-            if gate.is_prefill and refused_with is None:  # a stream's 4xx abort is an item, not a ValueError
+            if refused_with is None:  # a stream's 4xx abort is an item, not a ValueError
                 refused_with = refused_in(item)
             yield item
     except ValueError as exc:
-        refused_with = client_refusal(exc) if gate.is_prefill else None  # for D's question, if it comes after
+        # P: for D's question, if it comes after; D: for P's copy, if it comes after D's close
+        refused_with = client_refusal(exc)
         answerable(obj)
         raise
     finally:
@@ -395,8 +417,9 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
             gate.rooms.release(room)
         else:
             gate.rooms.close(room, refusal=refused_with)
-            if not gate.is_prefill:
-                close_on_prefill(obj)  # D refused or ended the room early: P's copy must not wait for it
+            if not gate.is_prefill:  # D refused or ended the room early: P's copy must not wait for it
+                close_on_prefill(obj, refused_with and (refused_with[0], DECODE_REFUSED_MESSAGE.format(
+                    message=refused_with[1])))
 
 
 def answerable(obj: Any) -> None:
@@ -447,7 +470,8 @@ async def handle_admission(server: Any, request: Any) -> Any:
     body = await request.json()
     room = int(body["room"])
     if body.get("op") == "close":
-        gate.close_from_peer(room)
+        refusal = body.get("refusal")
+        gate.close_from_peer(room, refusal and (int(refusal["status"]), str(refusal["message"])))
         return web.json_response({"admitted": False})
     admitted = bool(gate.rooms.decide(room))
     refusal = None if admitted else gate.rooms.refusal(room)

@@ -35,7 +35,8 @@ before the client hears anything. P now tells that D at once that the room faile
                               the aborted sender (whose clear would drop it), is answered with Failed
   manager  send_kv_status_message
                               a Failed status for a room aborted on P carries PREFILL_ABORT_WORDS, which
-                              D's recompute fallback (decode/transfer_fallback.py) reads as "do not recompute"
+                              D's recompute fallback (decode/transfer_fallback.py) reads as "do not recompute",
+                              or, where P gave the abort a reason (prefill/out_of_memory.py), that reason
 """
 
 from __future__ import annotations
@@ -66,13 +67,19 @@ class RoomLifecycleManager:
         self._abandoned_rooms: dict[int, float] = {}  # room -> when P failed it without D's handshake
         self._aborted_rooms: dict[int, float] = {}  # room -> when its request was aborted on P
         self._abandon_reasons: dict[int, str] = {}  # room -> why P gave it up, when P said (prefill/refusal.py)
+        self._abort_reasons: dict[int, str] = {}  # room -> why its request was aborted, when P said (out_of_memory.py)
         super().__init__(*args, **kwargs)
 
-    def note_aborted(self, room: int) -> None:
+    def note_aborted(self, room: int, reason: str | None = None) -> None:
+        """The room's request is aborted on P; `reason` (kept until the room's next request) replaces the
+        Failed frame's default words."""
         now = time.monotonic()
         for old in [r for r, at in self._aborted_rooms.items() if now - at > ABANDONED_KEEP_S]:
             self._aborted_rooms.pop(old, None)
+            self._abort_reasons.pop(old, None)
         self._aborted_rooms[room] = now
+        if reason:
+            self._abort_reasons[room] = reason
 
     def send_kv_status_message(self, targets: Any, bootstrap_room: int, status: Any, failure_reason: Any = None) -> Any:
         """A room whose request was aborted on P fails on D in words that say so (SGLang's several paths
@@ -82,7 +89,8 @@ class RoomLifecycleManager:
         if (status == KVPoll.Failed and bootstrap_room in self._aborted_rooms
                 and PREFILL_ABORT_WORDS not in (failure_reason or "")):
             said = f"sglang-asym: request of room {bootstrap_room} {PREFILL_ABORT_WORDS}"
-            failure_reason = f"{said} ({failure_reason})" if failure_reason else said
+            failure_reason = (self._abort_reasons.get(bootstrap_room)  # P's own words, whole (relay_reason)
+                              or (f"{said} ({failure_reason})" if failure_reason else said))
         return super().send_kv_status_message(targets=targets, bootstrap_room=bootstrap_room, status=status,
                                               failure_reason=failure_reason)
 
@@ -187,6 +195,7 @@ class RoomLifecycleSender:
         mgr._abandoned_rooms.pop(bootstrap_room, None)  # a new request of the room: it is not given up
         mgr._abandon_reasons.pop(bootstrap_room, None)
         mgr._aborted_rooms.pop(bootstrap_room, None)
+        mgr._abort_reasons.pop(bootstrap_room, None)
         previous = live.get(bootstrap_room)
         if previous is not None and (previous.conclude_state is not None or mgr.request_status.get(bootstrap_room)
                                      in (KVPoll.Success, KVPoll.Failed)):
@@ -229,7 +238,8 @@ class RoomLifecycleSender:
             else None
         super().clear()
         if self.conclude_state == KVPoll.Failed and not current:
-            manager.abandon_room(room)  # failed before D's handshake came: answer a late one (update_status)
+            # failed before D's handshake came: answer a late one (update_status), in the abort's words if P said
+            manager.abandon_room(room, manager._abort_reasons.get(room))
         if live.get(room) is self:
             del live[room]
         if following is not None:
