@@ -2,8 +2,9 @@
 # The README's main command: install what is needed, then the mission's command line:
 # `python -m sglang.launch_server --device cpu --disaggregation-mode asym-prefill` and `asym-decode`
 # (SGLang's own server with this plugin) behind the real sglang-router, answering prompts on 127.0.0.1,
-# each output checked token for token against the in-process reference model
-# (scripts/demo_sglang_engine.py; a random-weight checkpoint at SGLang's pool geometry).
+# each greedy output checked token for token against the in-process reference model
+# (scripts/demo_sglang_engine.py: a random-weight small checkpoint at SGLang's pool geometry, then the
+# committed trained tiny model answering text).
 # It stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."

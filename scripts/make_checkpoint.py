@@ -3,9 +3,10 @@
 
     scripts/make_checkpoint.py --seed 0 --out /tmp/v41-sglang-small [--config sglang-small] [--precision release]
 
-sglang-small (the default) is the smallest preset `python -m sglang.launch_server` serves: the 40-layer
-schedule at the attention geometry SGLang's V4.1 cache pool holds (head_dim 512). tiny and small (head_dim
-64) are the reference library's unit-test sizes; SGLang's launcher refuses them. tiny: one
+sglang-small (the default) is the 40-layer schedule at the attention geometry SGLang's V4.1 cache pool holds
+(head_dim 512); sglang-tiny is the nine-layer tiny config at that geometry, the smallest checkpoint
+`python -m sglang.launch_server` serves (the trained model's config). tiny and small (head_dim 64) are the
+reference library's unit-test sizes; SGLang's launcher refuses them. tiny: one
 model.safetensors by default; small and sglang-small: sharded with model.safetensors.index.json, grouped
 so the prefill role opens only the encoder-side shards. DSpark (`mtp.*`) and Engram tensors are
 included when the config has them (--backbone-only leaves them out).
@@ -21,7 +22,7 @@ import time
 from sglang_asym.checkpoint import PRECISIONS, write_checkpoint, write_tokenizer
 from sglang_asym.config import V41Config
 
-DEFAULT_SHARDS = {"tiny": 1, "small": 9, "sglang-small": 3}
+DEFAULT_SHARDS = {"tiny": 1, "small": 9, "sglang-small": 3, "sglang-tiny": 1}
 DEFAULT_CONFIG = "sglang-small"
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python
-"""Train the tiny V4.1 config on Python's own documentation text (CPU) and write a released-layout checkpoint.
+"""Train a tiny V4.1 config on Python's own documentation text (CPU) and write a released-layout checkpoint.
 
-    scripts/train_small.py --out models/v41-tiny-pydoc [--steps 300] [--seed 0] [--threads 1]
+    scripts/train_small.py --config sglang-tiny --out models/v41-sglang-tiny-pydoc [--steps 300] [--seed 0]
+
+--config sglang-tiny (the demo's model: SGLang's engine serves it) or tiny (head_dim 64, the reference library's
+unit-test size), trained in float32 either way.
 
 Text: `pydoc_data.topics` (ships with every Python), every tenth topic held out. A byte-level BPE
 tokenizer is learned from the training topics at the config's vocabulary size. The model trains from
@@ -39,7 +42,9 @@ EVAL_SEQ_LEN = 256
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=["tiny", "small"], default="tiny")
+    parser.add_argument("--config", choices=["tiny", "sglang-tiny", "small"], default="tiny",
+                        help="sglang-tiny: tiny at the geometry SGLang's engine serves (trained in float32, written "
+                             "at release precision with its bf16 model dtype)")
     parser.add_argument("--out", type=Path, required=True)
     defaults = TrainConfig()
     parser.add_argument("--steps", type=int, default=defaults.steps)
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     train_stream = token_stream(tokenizer, corpus.train, cfg.bos_token_id)
     heldout_stream = token_stream(tokenizer, corpus.heldout, cfg.bos_token_id)
 
-    model = V41Model(cfg)
+    model = V41Model(cfg, dtype=torch.float32)  # trained in float32 whatever the model dtype it is served in
     model.load_weights(random_weights(cfg, args.seed))
     losses = train(model, train_stream, tcfg, progress=not args.quiet)
     trained = {name: value for name, value in model.state_dict().items() if name in model.expected_tensor_names()}

@@ -309,8 +309,16 @@ class V41Config:
                                    dtype="bfloat16")
 
     @classmethod
+    def sglang_tiny(cls) -> "V41Config":
+        """`tiny` (its nine layers of every role) at the attention and index-key geometry SGLang's V4.1 cache pool
+        holds (head_dim 512 = 448 nope + 64 rope, 128-dim index keys), in the release's bf16 model dtype: the
+        smallest config SGLang's engine serves, and the one the trained model has."""
+        return cls.tiny().replace(head_dim=512, qk_rope_head_dim=64, index_head_dim=128, dtype="bfloat16")
+
+    @classmethod
     def preset(cls, name: str) -> "V41Config":
-        presets = {"tiny": cls.tiny, "small": cls.small, "sglang-small": cls.sglang_small, "flash": cls.flash}
+        presets = {"tiny": cls.tiny, "small": cls.small, "sglang-small": cls.sglang_small,
+                   "sglang-tiny": cls.sglang_tiny, "flash": cls.flash}
         if name not in presets:
             raise ConfigError(f"unknown config preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()

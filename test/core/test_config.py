@@ -10,7 +10,7 @@ from sglang_asym.config import ConfigError, V41Config
 from sglang_asym.layer_plan import LayerPlan, Role
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "flash"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "sglang-small", "sglang-tiny", "flash"])
 def test_round_trip_through_config_json(tmp_path, preset):
     cfg = V41Config.preset(preset)
     path = cfg.write_json(tmp_path)

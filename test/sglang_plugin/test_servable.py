@@ -20,6 +20,7 @@ ROPE_16 = ("qk_rope_head_dim is 16, SGLang's V4.1 cache pool needs qk_rope_head_
 
 def test_the_servable_preset_passes_and_the_unit_test_presets_name_each_field():
     assert pool_geometry_problems(V41Config.sglang_small()) == ()
+    assert pool_geometry_problems(V41Config.sglang_tiny()) == ()  # the trained model's config (the demo serves it)
     assert pool_geometry_problems(V41Config.flash()) == ()
     assert pool_geometry_problems(V41Config.small()) == (HEAD_DIM_64, ROPE_16)
     assert pool_geometry_problems(V41Config.sglang_small().replace(qk_rope_head_dim=32)) == (
