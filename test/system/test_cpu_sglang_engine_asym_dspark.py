@@ -15,9 +15,14 @@ its own with the same P, and is stopped when its requests are answered.
 A request for output logprobs (top 3) gets from the speculative D the plain D's entries within 1e-5: the first
 token's from D's window EXTEND through the speculative worker, the rest from SGLang's compute_spec_logprobs
 over the verify rows.
+A constrained request, which the speculating D refuses and its P would serve, ends on both roles at once: the
+client gets D's 400 within 2 s, P refuses or aborts its copy, both pools are empty.
 """
 
 from __future__ import annotations
+
+import json
+import time
 
 import pytest
 
@@ -39,6 +44,8 @@ TOGETHER = (5, 131, 200, 300)  # lengths none of LENGTHS has: D's log tells the 
 DRAFTS = 5  # the checkpoint's dspark_block_size
 PREFILL_CHUNK = 8192  # every prefix of these prompts runs in one forward on P
 LOGPROBS_N, TOP_LOGPROBS = 260, 3  # a length neither LENGTHS nor TOGETHER has
+CONSTRAINED_N = 333  # nor this one (and the next request's, one longer): P would compute a prefix
+REFUSAL_S = 2.0
 
 
 def _with_logprobs(router_url: str) -> dict:
@@ -56,6 +63,20 @@ def _outputs(router_url: str, prefill, decode) -> dict:
     logprobs = _with_logprobs(router_url)  # alone: SGLang's retraction switch never retracts the last request
     return {"alone": alone, "together": together, "logprobs": logprobs,
             "retracted": metric_sum(decode, RETRACTED) or 0.0, "used_tokens": settle([prefill, decode])}
+
+
+def _constrained_refused_by_d(router_url: str, prefill, decode) -> dict:
+    """A constrained request, which only the speculating D refuses (its P does not speculate and would serve it):
+    the answer, its seconds, both pools after it, what P's log said meanwhile, and the next request's tokens."""
+    p_log_before = len(prefill.log.read_text(errors="replace"))
+    start = time.monotonic()
+    status, body = post(router_url + "/generate", {"input_ids": prompt_of(CONSTRAINED_N), "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0, "regex": "(ab|cd)+"}}, timeout_s=60)
+    took = time.monotonic() - start
+    used = settle([prefill, decode], timeout_s=REFUSAL_S)
+    p_said = prefill.log.read_text(errors="replace")[p_log_before:]
+    return {"status": status, "body": json.dumps(body), "took": took, "used": used, "p_said": p_said,
+            "next": greedy(router_url, prompt_of(CONSTRAINED_N + 1), 4, ignore_eos=True)}
 
 
 def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
@@ -88,7 +109,9 @@ def runs(sglang_checkpoint, deterministic_stack, tmp_path_factory):
     with serving(speculating, timeout_s=600):
         with patient_router(stack["prefill"], speculating["decode"], RouterFlavor.SGLANG_ROUTER) as router:
             with_dspark = _outputs(router.url, stack["prefill"], speculating["decode"])
-    return {"without": without, "with": with_dspark, "forwards": forward_log(decode_log), "checkpoint": checkpoint}
+            constrained = _constrained_refused_by_d(router.url, stack["prefill"], speculating["decode"])
+    return {"without": without, "with": with_dspark, "forwards": forward_log(decode_log), "checkpoint": checkpoint,
+            "constrained": constrained}
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +146,8 @@ def test_retracted_speculating_requests_equal_the_reference_of_each_lifecycle(ru
     assert runs["with"]["used_tokens"] == [0, 0] and runs["without"]["used_tokens"] == [0, 0]
     rooms = list(_lifecycles(runs["forwards"]).values())
     lives = {ends[0]: ends for ends in rooms}
-    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER + (LOGPROBS_N,))  # a room per request
+    # a room per request; the constrained request D refused at its launcher never reached D's scheduler
+    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER + (LOGPROBS_N, CONSTRAINED_N + 1))
     assert any(len(lives[n]) > 1 for n in TOGETHER), lives  # a request was rebootstrapped mid-speculation
     model = model_from_checkpoint(runs["checkpoint"], cache_quant="release")  # the v41 pool's formats
     try:
@@ -154,3 +178,17 @@ def test_d_ran_the_windows_as_extends_and_decoded_in_verify_forwards_of_six_rows
     # the window of N = 600 is [472, 600): D's first verify of that request starts at N
     assert any(start == 600 for f in verifies for _, start, _ in f["rows"])
     assert any(start == 472 for f in forwards if f["mode"] == "extend" for _, start, _ in f["rows"])
+
+
+def test_a_request_only_the_speculating_decode_refuses_ends_on_both_roles_at_once(runs):
+    """Constrained decoding is refused by the speculating D alone (its launcher, a 400) after D's admission
+    question admitted the room on P: D's close of the room carries its 400 to P (shared/admission.py), which
+    refuses its copy on arrival with it or aborts the copy in flight. The client gets D's 400 within REFUSAL_S,
+    both pools are empty, and the next request is served."""
+    refused = runs["constrained"]
+    assert refused["status"] == 400 and refused["took"] < REFUSAL_S, refused
+    assert "does not serve constrained decoding (regex)" in refused["body"], refused["body"]
+    assert refused["used"] == [0, 0]
+    assert ("with the 400 it was closed with" in refused["p_said"]
+            or "closed by the decode worker: aborting request" in refused["p_said"]), refused["p_said"][-3000:]
+    assert len(refused["next"]) == 4
