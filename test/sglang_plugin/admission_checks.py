@@ -191,8 +191,15 @@ def prefill_refusal_answers_the_decode_question():
                 await asyncio.sleep(0.02)
             decode_words = DECODE_REFUSED_MESSAGE.format(message=words)
             assert await run(prefill, served, 15, port) == ("ClosedRoomRefused", 400, decode_words)
+            # and when P's copy was in flight: D's close aborts it, and P answers with D's 400, not with its abort
+            async def aborted_by_the_close(_manager, _obj, *args):
+                prefill.close_from_peer(16, (400, decode_words))  # D's close arrives while P's copy runs
+                yield {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted by AbortReq."}}}
+
+            assert await run(prefill, aborted_by_the_close, 16, port) == ("ClosedRoomRefused", 400, decode_words)
             assert prefill.rooms.holding() == decode.rooms.holding() == 0
-            assert prefill.rooms.refusals == {11: (400, words), 14: (400, long_words), 15: (400, decode_words)}
+            assert prefill.rooms.refusals == {11: (400, words), 14: (400, long_words), 15: (400, decode_words),
+                                              16: (400, decode_words)}
         finally:
             await runner.cleanup()
 

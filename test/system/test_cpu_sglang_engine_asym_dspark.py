@@ -44,7 +44,7 @@ TOGETHER = (5, 131, 200, 300)  # lengths none of LENGTHS has: D's log tells the 
 DRAFTS = 5  # the checkpoint's dspark_block_size
 PREFILL_CHUNK = 8192  # every prefix of these prompts runs in one forward on P
 LOGPROBS_N, TOP_LOGPROBS = 260, 3  # a length neither LENGTHS nor TOGETHER has
-CONSTRAINED_N = 333  # nor this one (and the next request's, one longer): P would compute a prefix
+CONSTRAINED_N = 333  # nor this one (nor the next requests', one and two longer): P would compute a prefix
 REFUSAL_S = 2.0
 
 
@@ -65,9 +65,10 @@ def _outputs(router_url: str, prefill, decode) -> dict:
             "retracted": metric_sum(decode, RETRACTED) or 0.0, "used_tokens": settle([prefill, decode])}
 
 
-def _constrained_refused_by_d(router_url: str, prefill, decode) -> dict:
+def _constrained_refused_by_d(router_url: str, prefill, decode, next_n: int) -> dict:
     """A constrained request, which only the speculating D refuses (its P does not speculate and would serve it):
-    the answer, its seconds, both pools after it, what P's log said meanwhile, and the next request's tokens."""
+    the answer, its seconds, both pools after it, what P's log said meanwhile, and the tokens of the next
+    request (`next_n` tokens)."""
     p_log_before = len(prefill.log.read_text(errors="replace"))
     start = time.monotonic()
     status, body = post(router_url + "/generate", {"input_ids": prompt_of(CONSTRAINED_N), "sampling_params": {
@@ -76,7 +77,7 @@ def _constrained_refused_by_d(router_url: str, prefill, decode) -> dict:
     used = settle([prefill, decode], timeout_s=REFUSAL_S)
     p_said = prefill.log.read_text(errors="replace")[p_log_before:]
     return {"status": status, "body": json.dumps(body), "took": took, "used": used, "p_said": p_said,
-            "next": greedy(router_url, prompt_of(CONSTRAINED_N + 1), 4, ignore_eos=True)}
+            "next": greedy(router_url, prompt_of(next_n), 4, ignore_eos=True)}
 
 
 def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
@@ -109,7 +110,11 @@ def runs(sglang_checkpoint, deterministic_stack, tmp_path_factory):
     with serving(speculating, timeout_s=600):
         with patient_router(stack["prefill"], speculating["decode"], RouterFlavor.SGLANG_ROUTER) as router:
             with_dspark = _outputs(router.url, stack["prefill"], speculating["decode"])
-            constrained = _constrained_refused_by_d(router.url, stack["prefill"], speculating["decode"])
+            constrained = {"sglang-router": _constrained_refused_by_d(router.url, stack["prefill"],
+                                                                      speculating["decode"], CONSTRAINED_N + 1)}
+        with patient_router(stack["prefill"], speculating["decode"], RouterFlavor.SMG) as smg:
+            constrained["smg"] = _constrained_refused_by_d(smg.url, stack["prefill"], speculating["decode"],
+                                                           CONSTRAINED_N + 2)
     return {"without": without, "with": with_dspark, "forwards": forward_log(decode_log), "checkpoint": checkpoint,
             "constrained": constrained}
 
@@ -147,7 +152,8 @@ def test_retracted_speculating_requests_equal_the_reference_of_each_lifecycle(ru
     rooms = list(_lifecycles(runs["forwards"]).values())
     lives = {ends[0]: ends for ends in rooms}
     # a room per request; the constrained request D refused at its launcher never reached D's scheduler
-    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER + (LOGPROBS_N, CONSTRAINED_N + 1))
+    assert sorted(ends[0] for ends in rooms) == sorted(LENGTHS + TOGETHER + (LOGPROBS_N, CONSTRAINED_N + 1,
+                                                                             CONSTRAINED_N + 2))
     assert any(len(lives[n]) > 1 for n in TOGETHER), lives  # a request was rebootstrapped mid-speculation
     model = model_from_checkpoint(runs["checkpoint"], cache_quant="release")  # the v41 pool's formats
     try:
@@ -180,12 +186,14 @@ def test_d_ran_the_windows_as_extends_and_decoded_in_verify_forwards_of_six_rows
     assert any(start == 472 for f in forwards if f["mode"] == "extend" for _, start, _ in f["rows"])
 
 
-def test_a_request_only_the_speculating_decode_refuses_ends_on_both_roles_at_once(runs):
+@pytest.mark.parametrize("router", ["sglang-router", "smg"])
+def test_a_request_only_the_speculating_decode_refuses_ends_on_both_roles_at_once(runs, router):
     """Constrained decoding is refused by the speculating D alone (its launcher, a 400) after D's admission
     question admitted the room on P: D's close of the room carries its 400 to P (shared/admission.py), which
-    refuses its copy on arrival with it or aborts the copy in flight. The client gets D's 400 within REFUSAL_S,
-    both pools are empty, and the next request is served."""
-    refused = runs["constrained"]
+    refuses its copy on arrival with it, or aborts the copy in flight and answers with it. The client gets D's
+    400 within REFUSAL_S through sglang-router (which answers with D's status) and through smg (which answers
+    P's error itself), both pools are empty, and the next request is served."""
+    refused = runs["constrained"][router]
     assert refused["status"] == 400 and refused["took"] < REFUSAL_S, refused
     assert "does not serve constrained decoding (regex)" in refused["body"], refused["body"]
     assert refused["used"] == [0, 0]

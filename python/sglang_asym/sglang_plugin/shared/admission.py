@@ -23,8 +23,9 @@ server (TokenizerManager.generate_request AROUND):
              launcher refused with a 4xx before D asked (SGLang's tokenizer manager: a prompt longer than
              the context length, which D refuses alike) is answered with that refusal, and D's client gets
              the same 4xx in P's words, not a 503 that says P is full; the other way round, D's close of a
-             room it refused with a 4xx carries that refusal, and P's copy that comes after it is refused with
-             it (a router that answers with P's error, smg, then says D's 400, not P's 503).
+             room it refused with a 4xx carries that refusal, and P's copy is refused with it, whether it
+             comes after the close or was aborted by it (a router that answers with P's error, smg, then says
+             D's 400, not P's 503 or P's abort).
   deadline   every admitted request ends within --asym-request-deadline-s on each side: past it, the
              request is aborted in its scheduler (which frees its pool slots and tells the peer) and
              the client gets a 503 that says so. The scheduler's own PD waits (P's bootstrap wait,
@@ -406,6 +407,11 @@ async def around_generate_request(original: Callable, manager: Any, obj: Any, *a
             ended = finished_normally(item)
             if refused_with is None:  # a stream's 4xx abort is an item, not a ValueError
                 refused_with = refused_in(item)
+            if gate.is_prefill and refused_with is None and aborted(item) and gate.rooms.refusal(room) is not None:
+                # D closed the room with its 4xx while P's copy ran (close_from_peer aborted it): P answers with
+                # D's refusal, not with its own abort (a router that answers with P's error, smg, says D's 4xx)
+                status, words = gate.rooms.refusal(room)
+                raise ClosedRoomRefused(words, status)
             yield item
     except ValueError as exc:
         # P: for D's question, if it comes after; D: for P's copy, if it comes after D's close
@@ -435,10 +441,15 @@ def _finish_reason(item: Any) -> Any:
     return (item.get("meta_info") or {}).get("finish_reason") if isinstance(item, dict) else None
 
 
+def aborted(item: Any) -> bool:
+    """An output item of SGLang's generate_request that ends its request by an abort."""
+    reason = _finish_reason(item)
+    return isinstance(reason, dict) and reason.get("type") == "abort"
+
+
 def finished_normally(item: Any) -> bool:
     """An output item of SGLang's generate_request that ends its request, other than by an abort."""
-    reason = _finish_reason(item)
-    return reason is not None and not (isinstance(reason, dict) and reason.get("type") == "abort")
+    return _finish_reason(item) is not None and not aborted(item)
 
 
 def refused_in(item: Any) -> tuple[int, str] | None:
