@@ -32,6 +32,7 @@ import torch
 
 from ..shared.settings import settings_of
 from . import refusal as refusal_relay
+from . import stop
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ def message_for(failed: FailedPrefillBatch) -> str:
 def mark_batch_failed(scheduler: Any, batch: Any, failed: FailedPrefillBatch) -> None:
     """Every request of `batch` is aborted with the out-of-memory message (its room's Failed frame too)."""
     from sglang.srt.disaggregation.utils import prepare_abort
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     message = message_for(failed)
     for req in batch.reqs:
@@ -77,8 +77,7 @@ def mark_batch_failed(scheduler: Any, batch: Any, failed: FailedPrefillBatch) ->
             manager.note_aborted(int(req.bootstrap_room), refusal_relay.relay_reason(
                 req.bootstrap_room, OUT_OF_MEMORY_STATUS, message))
         if req is scheduler.chunked_req:  # more chunks were to come: SGLang's chunked abort, at the next step
-            req.discard_output_reason = FINISH_ABORT(message, status_code=OUT_OF_MEMORY_STATUS)
-            scheduler._pending_chunked_abort_req = req
+            stop.to_chunked_abort(scheduler, req, message, OUT_OF_MEMORY_STATUS)
         else:
             prepare_abort(req, message, status_code=OUT_OF_MEMORY_STATUS)
 

@@ -34,14 +34,20 @@ def room_failed(req: Any) -> bool:
 
 
 def before_next_prefill_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
     req = scheduler.chunked_req
     if req is None or scheduler._pending_chunked_abort_req is not None or not room_failed(req):
         return
     log.warning("room %s of request %s failed with %d of its %d prefix tokens computed: stopping its prefill",
                 req.bootstrap_room, req.rid, getattr(req, "prefix_len", 0), len(req.origin_input_ids))
-    req.discard_output_reason = FINISH_ABORT(ROOM_FAILED_MESSAGE, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+    to_chunked_abort(scheduler, req, ROOM_FAILED_MESSAGE, HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def to_chunked_abort(scheduler: Any, req: Any, message: str, status: int) -> None:
+    """Hands the request in chunked prefill to SGLang's chunked-abort path, which ends it at the next step
+    (its next chunk never runs) with `message` and `status`, as `/abort_request` on P would."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req.discard_output_reason = FINISH_ABORT(message, status_code=status)
     scheduler._pending_chunked_abort_req = req
 
 
