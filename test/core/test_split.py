@@ -23,8 +23,12 @@ def models(preset: str) -> Models:
     return _MODELS[preset]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
-@pytest.mark.parametrize("n", LENGTHS)
+# every length on both presets but the longest, 4097, on `small` only (26 s on tiny alone): it holds the split
+# to the reference past the YaRN original length (small's 4096) and over a prefix of many chunks
+CASES = [(n, preset) for preset in ("tiny", "small") for n in LENGTHS if (n, preset) != (4097, "tiny")]
+
+
+@pytest.mark.parametrize(("n", "preset"), CASES, ids=[f"{n}-{preset}" for n, preset in CASES])
 def test_split_equals_reference(preset, n):
     m = models(preset)
     prompt = random_prompt(m.full.cfg, n, seed=5)

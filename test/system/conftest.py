@@ -1,5 +1,9 @@
-"""The checkpoint every system test module's servers load: the small V4.1 at SGLang's pool geometry, written
-once per test session (and per xdist worker); and the server set several modules share."""
+"""The system tests' checkpoints (small and tiny, at SGLang's pool geometry) and their shared server set.
+
+Each checkpoint is written once per test session (and per xdist worker): the small V4.1 with the 40-layer
+schedule, and the nine-layer tiny one for the modules whose subject is the serving path rather than that
+schedule (faults, clients, overload, fallback, the v4 layout, the deterministic and DSpark modules), where a
+request costs about a third."""
 
 from __future__ import annotations
 
@@ -18,18 +22,25 @@ def sglang_checkpoint(tmp_path_factory) -> Path:
     return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_ckpt"))
 
 
+@pytest.fixture(scope="session")
+def sglang_tiny_checkpoint(tmp_path_factory) -> Path:
+    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
+
+    return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_tiny_ckpt"), sglang_tiny())
+
+
 @pytest.fixture(scope="package")
-def deterministic_stack(sglang_checkpoint, tmp_path_factory):
-    """One set of servers with SGLang's --enable-deterministic-inference, started once for the modules that
-    compare against the same configuration (the root conftest's DETERMINISTIC_STACK_MODULES, which it runs last
-    among their worker's system tests: the set stays up until the package's last test there): a colocated `null` server and an
-    asym-prefill / asym-decode pair behind sglang-router, each writing the reference forward's log (a test aid)
-    to work/ROLE.jsonl. Each user checks after every case that the set is healthy with empty pools and
-    restarts it if not (sglang_servers.restore)."""
+def deterministic_stack(sglang_tiny_checkpoint, tmp_path_factory):
+    """One set of servers on the tiny checkpoint with SGLang's --enable-deterministic-inference, started once
+    for the modules that compare against the same configuration (the root conftest's DETERMINISTIC_STACK_MODULES,
+    which it runs last among their worker's system tests: the set stays up until the package's last test there):
+    a colocated `null` server and an asym-prefill / asym-decode pair behind sglang-router, each writing the
+    reference forward's log (a test aid) to work/ROLE.jsonl. Each user checks after every case that the set is
+    healthy with empty pools and restarts it if not (sglang_servers.restore)."""
     work, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
 
     def started(mode: str, role: str):
-        return sglang_server(mode, sglang_checkpoint, logs, DETERMINISTIC,
+        return sglang_server(mode, sglang_tiny_checkpoint, logs, DETERMINISTIC,
                              env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})
 
     servers = {"colocated": started("null", "colocated"), "prefill": started("asym-prefill", "prefill"),

@@ -100,8 +100,8 @@ def _lifecycles(forwards: list[dict]) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(sglang_checkpoint, deterministic_stack, tmp_path_factory):
-    checkpoint, stack = sglang_checkpoint, deterministic_stack
+def runs(sglang_tiny_checkpoint, deterministic_stack, tmp_path_factory):
+    checkpoint, stack = sglang_tiny_checkpoint, deterministic_stack
     work, logs = sglang_workspace(tmp_path_factory, "sglang_asym_dspark")
     decode_log = work / "decode.jsonl"
     without = _outputs(stack["router"].url, stack["prefill"], stack["decode"])

@@ -161,12 +161,12 @@ def _assert_reference_logprobs(body: dict, tokens: list[int], logprobs) -> None:
         assert all(abs(entry[0] - float(v)) <= LOGPROB_TOLERANCE for entry, v in zip(top, values)), (i, top)
 
 
-def test_the_pairs_output_logprobs_equal_the_references(stack, sglang_checkpoint):
+def test_the_pairs_output_logprobs_equal_the_references(stack, sglang_tiny_checkpoint):
     base = stack["router"].url
     for n in (TARGET, 40):  # a window after P's prefix [0, 12); a prompt within W, which P does not compute
         prompt = prompt_of(n)
-        tokens, logprobs = asym_reference_logprobs(sglang_checkpoint, prompt, ONE_CHUNK, DEFAULT_SEMANTICS,
-                                                   LOGPROB_TOKENS)
+        tokens, logprobs = asym_reference_logprobs(sglang_tiny_checkpoint, prompt, ONE_CHUNK,
+                                                   DEFAULT_SEMANTICS, LOGPROB_TOKENS)
         _assert_reference_logprobs(_with_logprobs(base, prompt), tokens, logprobs)
         _log(stack, "decode").unlink(missing_ok=True)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:

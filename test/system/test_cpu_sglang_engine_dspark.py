@@ -30,10 +30,11 @@ DRAFTS = 5  # the checkpoint's dspark_block_size: SGLang's speculative_num_draft
 
 
 @pytest.fixture(scope="module")
-def speculating(sglang_checkpoint, tmp_path_factory):
+def speculating(sglang_tiny_checkpoint, tmp_path_factory):
     work, logs = sglang_workspace(tmp_path_factory, "sglang_dspark")
-    servers = {"dspark": sglang_server("null", sglang_checkpoint, logs, DETERMINISTIC, "--speculative-algorithm",
-                                       "DSPARK", env={"SGLANG_ASYM_FORWARD_LOG": str(work / "dspark.jsonl")})}
+    servers = {"dspark": sglang_server("null", sglang_tiny_checkpoint, logs, DETERMINISTIC,
+                                       "--speculative-algorithm", "DSPARK",
+                                       env={"SGLANG_ASYM_FORWARD_LOG": str(work / "dspark.jsonl")})}
     with serving(servers, timeout_s=600):
         servers["work"] = work
         yield servers

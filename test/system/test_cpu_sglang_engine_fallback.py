@@ -1,7 +1,8 @@
 """`--asym-transfer-fallback recompute` on SGLang's own engine on CPU: `python -m sglang.launch_server --device
 cpu --disaggregation-mode asym-decode --asym-transfer-fallback recompute` computes the prompt itself when
 its handshake with P or the prefix transfer fails, and answers exactly what the pair answers through
-sglang-router when nothing fails:
+sglang-router when nothing fails (on the nine-layer tiny checkpoint: the fallback's path, not the 40-layer
+schedule, is the subject):
 - P unreachable (nothing listens at the bootstrap port): SGLang's handshake fails in D's prealloc queue,
   for a prompt above the window (D computes [0, B) then the window) and one within it;
 - P reachable but never given the room: D's pages are allocated and its transfer times out in the
@@ -34,11 +35,11 @@ WINDOW = 128
 NEW = 12
 # D's wait for P's rows (SGLang's default is 300 s): above P's compute time of every prompt here on a slow
 # host, since a normal request whose rows come later fails too (and P's error reaches the client)
-WAITING_TIMEOUT_S = 30
-# the prompt aborted on P while P computes its prefix: SGLang's scheduler takes the abort after that forward, which
-# must end inside D's WAITING_TIMEOUT_S, else D's wait fails first and D rightly recomputes (872 computed tokens
-# took P over 30 s on a loaded CI host; 19 s beside two busy loops)
-P_ABORTED_N = 500
+WAITING_TIMEOUT_S = 20
+# the prompt aborted on P while P computes its prefix (about 4 s on an idle host: the abort comes after 1 s, and
+# a shorter prompt could be answered whole first): SGLang's scheduler takes the abort after that forward, which
+# must end inside D's WAITING_TIMEOUT_S, else D's wait fails first and D rightly recomputes
+P_ABORTED_N = 3000
 FALLBACK_COUNTER = "sglang_asym:transfer_fallback_recompute_total"
 FALLBACK_LINE = "recomputing its"
 PREFIX_LINE = re.compile(r"recomputed its (\d+)-token prefix on this decode worker in ([\d.]+) s")
@@ -47,8 +48,8 @@ HANDSHAKE_FAILED_WITHIN_S = 60.0  # D reports a failed handshake this long after
 
 
 @pytest.fixture(scope="module")
-def pair(sglang_checkpoint, tmp_path_factory):
-    checkpoint = sglang_checkpoint
+def pair(sglang_tiny_checkpoint, tmp_path_factory):
+    checkpoint = sglang_tiny_checkpoint
     work, logs = sglang_workspace(tmp_path_factory, "sglang_fallback")
     # P computes each prefix in one forward, as the fallback does (the reference model is not chunk-invariant
     # bit for bit)

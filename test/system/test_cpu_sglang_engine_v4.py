@@ -1,5 +1,6 @@
 """SGLang's own engine on CPU with the `v4` KV pool layout (SGLANG_DSV4_KV_LAYOUT=v4, what SGLang picks on
-an H200): window and compressed KV rows of 448 fp8 nope + 64 bf16 rope channels (584 bytes), index keys
+an H200), on the nine-layer tiny checkpoint (every layer role; the layout, not the 40-layer schedule, is the
+subject): window and compressed KV rows of 448 fp8 nope + 64 bf16 rope channels (584 bytes), index keys
 as in v41. The reference forward then quantizes its caches the same way, and so does the reference model
 computed in this process (cache_quant v4):
 - `null` with a chunked-prefill size of 256 gives the reference's greedy tokens over the same chunks;
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_asym.layer_plan import LayerPlan
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.testing.router_launch import RouterFlavor
 
 from .helpers import serving
@@ -27,6 +30,9 @@ LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
 CHUNK = 256
 V4_ENV = {"SGLANG_DSV4_KV_LAYOUT": "v4"}
 V4_ROW_BYTES, INDEX_ROW_BYTES = 584, 68
+PLAN = LayerPlan.from_config(sglang_tiny())
+LAST_LAYER = sglang_tiny().num_hidden_layers - 1
+RATIO_2_OWNER = PLAN.ratio2_owners[0]  # its compressed KV and index keys: one row per two tokens
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +41,13 @@ def dumps(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engines(sglang_checkpoint, dumps, tmp_path_factory):
+def engines(sglang_tiny_checkpoint, dumps, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_engine_v4_logs")
     pair_env = {**V4_ENV, "SGLANG_ASYM_POOL_DUMP_DIR": str(dumps)}
     servers = {
-        "null": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(CHUNK), env=V4_ENV),
-        "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=pair_env),
-        "decode": sglang_server("decode", sglang_checkpoint, logs, env=pair_env),
+        "null": sglang_server("null", sglang_tiny_checkpoint, logs, "--chunked-prefill-size", str(CHUNK), env=V4_ENV),
+        "prefill": sglang_server("prefill", sglang_tiny_checkpoint, logs, env=pair_env),
+        "decode": sglang_server("decode", sglang_tiny_checkpoint, logs, env=pair_env),
     }
     with serving(servers, timeout_s=600):
         yield servers
@@ -55,31 +61,36 @@ def _shared_servers_back_to_empty(engines):
 
 
 @pytest.mark.parametrize("n", LENGTHS)
-def test_null_over_chunks_equals_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
+def test_null_over_chunks_equals_the_reference_over_the_same_chunks(engines, sglang_tiny_checkpoint, n):
     prompt = prompt_of(n)
-    assert greedy(engines["null"].url, prompt) == reference_greedy_over_chunks(sglang_checkpoint, prompt, CHUNK, "v4")
+    expected = reference_greedy_over_chunks(sglang_tiny_checkpoint, prompt, CHUNK, "v4")
+    assert greedy(engines["null"].url, prompt) == expected
 
 
-def test_the_layout_changes_the_tokens(engines, sglang_checkpoint):
-    """Under V4.1's release formats the same prompt gives other tokens (measured: the first token of N = 600
-    already differs), so the equalities here see which caches the engine quantized."""
-    prompt = prompt_of(600)
-    assert greedy(engines["null"].url, prompt) != reference_greedy_over_chunks(sglang_checkpoint, prompt, CHUNK,
-                                                                                "release")
+def test_the_layout_changes_the_tokens(engines, sglang_tiny_checkpoint):
+    """Under V4.1's release formats the same prompt gives other tokens (measured on the tiny checkpoint: the
+    third token of N = 1500 differs; at N = 600 all 8 agree), so the equalities here see which caches the engine
+    quantized."""
+    prompt = prompt_of(1500)
+    release = reference_greedy_over_chunks(sglang_tiny_checkpoint, prompt, CHUNK, "release")
+    assert greedy(engines["null"].url, prompt) != release
 
 
-def test_symmetric_pd_behind_sglang_router_equals_the_reference_and_ships_v4_rows(engines, sglang_checkpoint, dumps):
+def test_symmetric_pd_behind_sglang_router_equals_the_reference_and_ships_v4_rows(engines, sglang_tiny_checkpoint,
+                                                                                   dumps):
     with patient_router(engines["prefill"], engines["decode"], RouterFlavor.SGLANG_ROUTER) as router:
         for n in LENGTHS:
             prompt = prompt_of(n)
-            assert greedy(router.url, prompt) == reference_greedy_over_chunks(sglang_checkpoint, prompt, ONE_CHUNK,
-                                                                              "v4"), f"N={n}"
+            expected = reference_greedy_over_chunks(sglang_tiny_checkpoint, prompt, ONE_CHUNK, "v4")
+            assert greedy(router.url, prompt) == expected, f"N={n}"
     seen = []
     for n, p in equal_pool_dumps(dumps, len(LENGTHS)):
         seen.append(n)
-        assert p["swa.L39"].shape == (min(n, 128), V4_ROW_BYTES) and p["kv.L20"].shape == (n, V4_ROW_BYTES)
-        assert p["kv.L2"].shape == (n // 2, V4_ROW_BYTES) and p["index.L2"].shape == (n // 2, INDEX_ROW_BYTES)
-        assert p["kv.L20"].any() and p["swa.L0"].any()
+        last_kv = f"kv.L{PLAN.last_kv_source}"
+        assert p[f"swa.L{LAST_LAYER}"].shape == (min(n, 128), V4_ROW_BYTES) and p[last_kv].shape == (n, V4_ROW_BYTES)
+        assert p[f"kv.L{RATIO_2_OWNER}"].shape == (n // 2, V4_ROW_BYTES)
+        assert p[f"index.L{RATIO_2_OWNER}"].shape == (n // 2, INDEX_ROW_BYTES)
+        assert p[last_kv].any() and p["swa.L0"].any()
         assert not p["swa.L0"][:, -1].any()  # the V4 row's scale pad byte stays zero
     assert sorted(seen) == sorted(LENGTHS)
     assert settle([engines["prefill"], engines["decode"]]) == [0, 0]

@@ -1,5 +1,6 @@
 """Faults against the asymmetric pair inside SGLang 0.5.23's own engine (`python -m sglang.launch_server
---device cpu --disaggregation-mode asym-prefill | asym-decode`, the small checkpoint) behind sglang-router
+--device cpu --disaggregation-mode asym-prefill | asym-decode`, the nine-layer tiny checkpoint: the faults are
+about the serving path, not the 40-layer schedule) behind sglang-router
 with per-worker health checks (router_launch.WorkerHealth): client disconnects, aborts, killed and frozen
 workers, drains and more requests than D runs at once, on one shared pair whose killed workers restart on
 their ports.
@@ -29,7 +30,7 @@ import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor, RouterProcess, WorkerHealth
 from sglang_asym.testing.server_process import ServerProcess, post, wait_healthy
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan
 
 from . import faults
@@ -44,9 +45,9 @@ pytestmark = pytest.mark.timeout(600)
 ROUTER = RouterFlavor(os.environ.get("SGLANG_ASYM_FAULT_ROUTER", RouterFlavor.SGLANG_ROUTER.value))
 
 BOOTSTRAP_TIMEOUT_S = 10
-# D's wait covers P's whole prefix (IN_TRANSFER_N: 3 chunks) and its transfer: on a loaded 2-core CI host 20 s
-# was outlasted by a healthy P (D then failed the request before P shipped a byte)
-WAITING_TIMEOUT_S = 45
+# D's wait covers P's whole prefix (IN_TRANSFER_N: 6 chunks, 1.4 s on an idle host) and its transfer, with room for a
+# loaded 2-core CI host (a healthy P that outlasts it fails the request before P shipped a byte)
+WAITING_TIMEOUT_S = 20
 FAULT_ENV = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(BOOTSTRAP_TIMEOUT_S),
              "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S),
              "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2"}
@@ -64,7 +65,10 @@ THAWED_ANSWER_S = 10.0  # after SIGCONT, the request sent while D was frozen is 
 DRAIN_EXIT_S = 30.0  # D exits this long after SIGTERM at most (its running stream finishes first)
 D_MAX_RUNNING = 2  # D runs this many requests at once; more wait in its queue
 P_CHUNK = 256  # P computes and ships a long prefix in chunks of this many tokens: "mid-transfer" is between two
-IN_TRANSFER_N = 700  # a prompt P is still computing and shipping when a fault strikes (3 chunks of its 572-token prefix)
+# a prompt P is still computing and shipping when a fault strikes (6 chunks of its 1372-token prefix: the tiny model
+# computes a chunk in about 0.25 s, so a fault struck after the first chunk's bytes still finds P at work)
+IN_TRANSFER_N = 1500
+EARLY_GONE_N = 3000  # a prompt whose first token comes after about 4.5 s on an idle host (P's prefix most of it)
 WINDOW = 128
 PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"  # P's exact-payload counter (exact_payload.py)
 FROZEN_P_S = WAITING_TIMEOUT_S + 3.0  # how long P stays stopped: past D's wait for its rows
@@ -99,8 +103,8 @@ class EnginePair:
 
 
 @pytest.fixture(scope="module")
-def engine(sglang_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
-    pair = EnginePair(sglang_checkpoint, tmp_path_factory.mktemp("sglang_faults"))
+def engine(sglang_tiny_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
+    pair = EnginePair(sglang_tiny_checkpoint, tmp_path_factory.mktemp("sglang_faults"))
     with serving({"prefill": pair.prefill, "decode": pair.decode}, timeout_s=300), \
             patient_router(pair.prefill, pair.decode, ROUTER, HEALTH,
                            pair.logs / "router.log") as router:
@@ -179,7 +183,7 @@ def payload_bytes(prefill: ServerProcess) -> float:
 def wait_mid_transfer(engine: EnginePair, shipped_before: float, request: concurrent.futures.Future) -> float:
     """Wait until P has written part of a long prompt's rows into D's pool (its payload counter moved) while
     the request is still open; the bytes shipped so far, fewer than the request's whole manifest."""
-    whole = SplitPlan(sglang_small(), IN_TRANSFER_N, WINDOW, FLAGS[1]).manifest("release").total_bytes
+    whole = SplitPlan(sglang_tiny(), IN_TRANSFER_N, WINDOW, FLAGS[1]).manifest("release").total_bytes
     deadline = time.monotonic() + 120
     while (shipped := payload_bytes(engine.prefill) - shipped_before) == 0:
         assert time.monotonic() < deadline and not request.done(), \
@@ -379,7 +383,7 @@ def test_clients_gone_before_the_first_token_free_both_workers(engine):
     """Clients that disconnect while P computes the prefix, while it ships, and while D runs the window."""
     backs = {}
     for delay in (0.3, 1.5, 4.0):
-        conn = send_stream(engine.router.url, stream_body(1000, 50, "early"))
+        conn = send_stream(engine.router.url, stream_body(EARLY_GONE_N, 50, "early"))
         time.sleep(delay)
         conn.close()
         backs[str(delay)] = settled(engine)
@@ -470,12 +474,12 @@ def test_sigterm_drains_decode(engine):
 
 @pytest.mark.parametrize("side", ["prefill", "decode"])
 def test_abort_on_one_worker_mid_transfer_fails_the_request_and_frees_both(engine, side):
-    """/abort_request on P alone, or on D alone, while P computes a 1000-token prefix for D: the worker
+    """/abort_request on P alone, or on D alone, while P computes a 2872-token prefix for D: the worker
     that was not told learns it from the other (D's abort notification to P; P's Failed status to D,
     room_lifecycle.py: SGLang would leave D waiting its whole waiting timeout), the client gets an error or
     an abort finish within ABORT_END_S, both workers' used tokens return to 0, and the next request is
     served."""
-    body = stream_body(1000, 20, f"abort-{side}")
+    body = stream_body(EARLY_GONE_N, 20, f"abort-{side}")
     conn = send_stream(engine.router.url, body)
     time.sleep(1.0)  # P is computing the prefix; D holds the room's slots and waits for the rows
     sent = time.monotonic()

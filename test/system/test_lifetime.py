@@ -78,9 +78,9 @@ def test_preexec_hook_sets_sigkill_in_the_child():
     assert parent_death_signal() == 0  # the hook ran in the child only
 
 
-def test_sigkilled_starter_takes_servers_and_router_with_it(tmp_path, sglang_checkpoint):
+def test_sigkilled_starter_takes_servers_and_router_with_it(tmp_path, sglang_tiny_checkpoint):
     tracked: dict[int, str] = {}
-    checkpoint = sglang_checkpoint
+    checkpoint = sglang_tiny_checkpoint
     driver = subprocess.Popen([sys.executable, str(ROOT / "test" / "system" / "lifetime_driver.py"),
                                str(checkpoint), str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               stderr=(tmp_path / "driver.log").open("w"), preexec_fn=die_with_parent_preexec())

@@ -1,8 +1,8 @@
 """Overload on the product path: `python -m sglang.launch_server --device cpu --disaggregation-mode
-asym-prefill | asym-decode` behind sglang-router (default health checks, no circuit breaker), each worker admitting at most
-its request pool (--max-running-requests 2; on D also SGLang's 4 extra slots for requests in transfer) +
---max-queued-requests 2 requests for at most --asym-request-deadline-s (sglang_plugin/admission.py), /health
-answering liveness (sglang_plugin/liveness.py). One module-scoped set:
+asym-prefill | asym-decode` on the nine-layer tiny checkpoint behind sglang-router (default health checks, no
+circuit breaker), each worker admitting at most its request pool (--max-running-requests 2; on D also SGLang's 4
+extra slots for requests in transfer) + --max-queued-requests 2 requests for at most --asym-request-deadline-s
+(sglang_plugin/admission.py), /health answering liveness (sglang_plugin/liveness.py). One module-scoped set:
 - 40 concurrent mixed requests (prompts of 1-900 tokens, 4 new tokens each): each one gets its 4 tokens,
   a fast refusal (503; the router keeps the status but not the worker's Retry-After), or a deadline error
   within its bound; none hangs;
@@ -138,8 +138,8 @@ class HealthProbe:
 
 
 @pytest.fixture(scope="module")
-def pair(sglang_checkpoint, tmp_path_factory):
-    checkpoint = sglang_checkpoint
+def pair(sglang_tiny_checkpoint, tmp_path_factory):
+    checkpoint = sglang_tiny_checkpoint
     _, logs = sglang_workspace(tmp_path_factory, "overload")
     servers = {"prefill": sglang_server("asym-prefill", checkpoint, logs, *FLAGS),
                "decode": sglang_server("asym-decode", checkpoint, logs, *FLAGS)}

@@ -1,5 +1,6 @@
 """What real clients send to the mission's pair (`python -m sglang.launch_server --device cpu
---disaggregation-mode asym-prefill / asym-decode`) behind sglang-router, one server set for the module:
+--disaggregation-mode asym-prefill / asym-decode`, on the nine-layer tiny checkpoint: the clients' path is the
+subject, not the 40-layer schedule) behind sglang-router, one server set for the module:
 - the `openai` client: models, completions (greedy tokens equal /generate's), chat, streaming with usage,
   stop strings; output logprobs (completions' `logprobs`, chat's `logprobs` / `top_logprobs`): one per output
   token, the greedy token's the highest of its top entries, the first one computed by D's window step;
@@ -58,7 +59,7 @@ ABORT_S = 5.0  # a stream its client closed is ended on both roles, and both poo
 MODEL = "v41-small"
 # no match of it ends within a case's 8 tokens, so the grammar never asks for the end of the sequence
 CONSTRAINT = "(ab|cd){50}"
-# text_of(words) is about 3.8 tokens a word: beyond the context length (16384), and between P's and D's prompt limits
+# text_of(words) is about 3.8 tokens a word: beyond the context length (8192), and between P's and D's prompt limits
 LONGER_THAN_CONTEXT_WORDS = 5000
 BEYOND_PREFILL_WORDS = 1000
 
@@ -69,8 +70,8 @@ def text_of(words: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(sglang_checkpoint, tmp_path_factory):
-    checkpoint = sglang_checkpoint
+def pair(sglang_tiny_checkpoint, tmp_path_factory):
+    checkpoint = sglang_tiny_checkpoint
     _, logs = sglang_workspace(tmp_path_factory, "real_clients")
     # deterministic: a batch's items decode in one forward, and only then equal the same prompts sent alone
     flags = ("--asym-window", str(WINDOW), DETERMINISTIC)
@@ -201,7 +202,10 @@ def test_openai_output_logprobs_one_per_greedy_token(pair, client):
     streamed = [c.choices[0].logprobs for c in client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, stream=True,
         extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs is not None]
-    assert [value for chunk in streamed for value in chunk.token_logprobs] == logprobs.token_logprobs
+    # equal up to the double's last bit: SGLang's streamed and whole answers can part there (measured on the tiny
+    # checkpoint: -3.7149105072021484 streamed, -3.714910507202149 whole)
+    assert [value for chunk in streamed for value in chunk.token_logprobs] == pytest.approx(
+        logprobs.token_logprobs, rel=1e-12, abs=0)
 
     messages = [{"role": "user", "content": "tell me " * 80}]
     plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,

@@ -15,8 +15,14 @@ from __future__ import annotations
 from ...checkpoint.quantization import RELEASE_QUANTIZATION_CONFIG, with_release_quantization
 from ...config import V41Config
 
-__all__ = ["RELEASE_QUANTIZATION_CONFIG", "sglang_small", "with_release_quantization"]
+__all__ = ["RELEASE_QUANTIZATION_CONFIG", "sglang_small", "sglang_tiny", "with_release_quantization"]
 
 
 def sglang_small() -> V41Config:
     return with_release_quantization(V41Config.sglang_small())
+
+
+def sglang_tiny() -> V41Config:
+    """The nine-layer tiny config (every layer role, window 128) at the same pool geometry: the system tests
+    whose subject is the serving path rather than the 40-layer schedule run on it."""
+    return with_release_quantization(V41Config.sglang_tiny())
