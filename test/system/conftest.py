@@ -1,9 +1,8 @@
 """The system tests' checkpoints (small and tiny, at SGLang's pool geometry) and their shared server set.
 
 Each checkpoint is written once per test session (and per xdist worker): the small V4.1 with the 40-layer
-schedule, and the nine-layer tiny one for the modules whose subject is the serving path rather than that
-schedule (faults, clients, overload, fallback, the v4 layout, the deterministic and DSpark modules), where a
-request costs about a third."""
+schedule for the asym pair's module, and the nine-layer tiny one (every layer role) for every other module,
+whose subject is the serving path rather than that schedule: a request costs about a third there."""
 
 from __future__ import annotations
 

@@ -81,6 +81,21 @@ def abort(url: str, rid: str) -> int:
         return exc.code
 
 
+def wait_draining(url: str, timeout_s: float = 10.0) -> float:
+    """Seconds until a server's /health answers 503 after SIGTERM (SGLang marks it exiting in its signal handler,
+    and from then on the server refuses new requests, shared/drain.py)."""
+    started = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:
+                return time.monotonic() - started
+        assert time.monotonic() - started < timeout_s, f"{url}/health still not 503 {timeout_s} s after SIGTERM"
+        time.sleep(0.05)
+
+
 def health_generate(url: str) -> int:
     try:
         with urllib.request.urlopen(url + "/health_generate", timeout=30) as resp:

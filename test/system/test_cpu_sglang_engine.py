@@ -1,6 +1,8 @@
-"""SGLang 0.5.23's own engine serving DeepSeek-V4.1 on CPU (`python -m sglang.launch_server --device cpu`):
-its scheduler, PD queues, Mooncake KV manager over TCP, tokenizer manager, detokenizer and HTTP server,
-with the project's reference forward over SGLang's DeepSeekV4TokenToKVPool (cpu_platform.py).
+"""SGLang 0.5.23's own engine serving DeepSeek-V4.1 on CPU (`python -m sglang.launch_server --device cpu`), on
+the nine-layer tiny checkpoint (every layer role: encoder layers 0-4, layer 5 the last KV source, decoder
+layers 6-8; the 40-layer schedule is test_cpu_sglang_engine_asym.py's): its scheduler, PD queues, Mooncake KV
+manager over TCP, tokenizer manager, detokenizer and HTTP server, with the project's reference forward over
+SGLang's DeepSeekV4TokenToKVPool (cpu_platform.py).
 
 Against the reference model computed in this process (decoder replay, the caches at the release formats
 of SGLang's v41 pool, over exactly SGLang's chunks: the reference model is not chunk-invariant bit for bit):
@@ -8,10 +10,10 @@ of SGLang's v41 pool, over exactly SGLang's chunks: the reference model is not c
   over Mooncake behind sglang-router and smg, give the reference's greedy tokens for N in {1, 127, 128,
   129, 130, 600, 1500}, one request at a time, and after each of the pair's transfers D's pool holds P's
   rows byte for byte;
-- P runs SGLang's default bounded replay (its forward log: layers 0-19 and layer 20's KV path on [0, B), every
-  layer on [B, N) in 32-row chunks) and `null` the old full compute (SGLANG_ASYM_FULL_COMPUTE=1: every layer on
-  [0, B)), with the same greedy tokens; for N <= 640 those are also the asym-exact-encoder pair's (the tokens
-  test_cpu_sglang_engine_asym.py's pair is held to: its reference over P's 512-token chunks);
+- P runs SGLang's default bounded replay (its forward log: the encoder and the last KV source's KV path on
+  [0, B), every layer on [B, N) in 32-row chunks) and `null` the old full compute (SGLANG_ASYM_FULL_COMPUTE=1:
+  every layer on [0, B)), with the same greedy tokens; for N <= 640 those are also an asym-exact-encoder
+  pair's (the reference over P's 512-token chunks, as test_cpu_sglang_engine_asym.py holds its pair to);
 - with a chunked-prefill size below the prompt, the reference over those chunks;
 - 8 concurrent requests through the pair all complete; bad input gets a 400 and the servers keep
   serving; a kept-alive connection outlives SGLang's 5 s default; aborted requests, and requests SGLang
@@ -28,12 +30,14 @@ from pathlib import Path
 
 import pytest
 
+from sglang_asym.layer_plan import LayerPlan
+from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
+from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
 
 from .helpers import serving
-from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
-from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
 
 from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, equal_pool_dumps, forward_log, greedy,
                              greedy_together, metric_sum, patient_router, prompt_of, reference_greedy_over_chunks,
@@ -44,7 +48,11 @@ pytestmark = pytest.mark.timeout(1500)
 LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
 SMALL_CHUNK = 256  # --chunked-prefill-size below the longer prompts
 WINDOW, WINDOW_CHUNK = 128, 32
-EARLY, EVERY = list(range(21)), list(range(40))  # layers 0-19 and layer 20's KV path; all 40
+PLAN = LayerPlan.from_config(sglang_tiny())
+EARLY = list(range(PLAN.last_kv_source + 1))  # the encoder layers and the last KV source's KV path
+EVERY = list(range(sglang_tiny().num_hidden_layers))
+LAST_LAYER, RATIO_2_OWNER = EVERY[-1], PLAN.ratio2_owners[0]
+ABORTED_N = 2000  # a prompt the tiny model computes for over a second (a client's 1 s read timeout ends it first)
 ASYM_PREFILL_CHUNK = 512  # the asym-exact-encoder pair's P chunk (test_cpu_sglang_engine_asym.py)
 
 
@@ -55,17 +63,17 @@ def dumps(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engines(sglang_checkpoint, dumps, tmp_path_factory):
+def engines(sglang_tiny_checkpoint, dumps, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sglang_engine_logs")
     dump_env = {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps), FORWARD_LOG_ENV: str(logs / "prefill.jsonl")}
     servers = {
         # the labelled old baseline: every prompt row through every layer (bounded replay off)
-        "null": sglang_server("null", sglang_checkpoint, logs,
+        "null": sglang_server("null", sglang_tiny_checkpoint, logs,
                               env={FULL_COMPUTE_ENV: "1", FORWARD_LOG_ENV: str(logs / "null.jsonl")}),
-        "null_small_chunks": sglang_server("null", sglang_checkpoint, logs, "--chunked-prefill-size", str(SMALL_CHUNK),
-                                           env=RETRACT_ENV),
-        "prefill": sglang_server("prefill", sglang_checkpoint, logs, env=dump_env),
-        "decode": sglang_server("decode", sglang_checkpoint, logs, env={**dump_env, **RETRACT_ENV}),
+        "null_small_chunks": sglang_server("null", sglang_tiny_checkpoint, logs, "--chunked-prefill-size",
+                                           str(SMALL_CHUNK), env=RETRACT_ENV),
+        "prefill": sglang_server("prefill", sglang_tiny_checkpoint, logs, env=dump_env),
+        "decode": sglang_server("decode", sglang_tiny_checkpoint, logs, env={**dump_env, **RETRACT_ENV}),
     }
     with serving(servers, timeout_s=600):
         servers["logs"] = logs
@@ -87,7 +95,7 @@ def reference(checkpoint: Path, n: int) -> list[int]:
 
 def passes(n: int, room: int | None, bounded: bool) -> list[dict]:
     """The model passes of one prompt of N tokens in one extend forward (the forward log's `pieces`): [0, B) up to
-    layer 20's KV path (bounded replay) or through every layer (full compute), then [B, N) through every layer
+    the last KV source's KV path (bounded replay) or through every layer (full compute), then [B, N) through every layer
     in the window's 32-row chunks."""
     boundary = max(n - WINDOW, 0)
     prefix = [{"layers": EARLY if bounded else EVERY, "rows": [[room, 0, boundary]]}] if boundary else []
@@ -107,14 +115,14 @@ def prompt_passes(path: Path) -> dict[int, list[list[dict]]]:
 
 
 @pytest.mark.parametrize("n", LENGTHS)
-def test_null_equals_the_reference(engines, sglang_checkpoint, n):
-    assert greedy(engines["null"].url, prompt_of(n)) == reference(sglang_checkpoint, n)
+def test_null_equals_the_reference(engines, sglang_tiny_checkpoint, n):
+    assert greedy(engines["null"].url, prompt_of(n)) == reference(sglang_tiny_checkpoint, n)
     assert n in prompt_passes(engines["logs"] / "null.jsonl")  # full compute: every layer on [0, B) too
 
 
 @pytest.mark.parametrize("flavor, lengths", [(RouterFlavor.SGLANG_ROUTER, LENGTHS), (RouterFlavor.SMG, (1, 129, 600))],
                          ids=["sglang-router", "smg"])
-def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_checkpoint, dumps, flavor, lengths):
+def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_tiny_checkpoint, dumps, flavor, lengths):
     """Equal greedy tokens; and after each transfer, every row a later step reads (each layer's last-window
     rows, every compressed row and index key, the pending compressor token), read out of P's pool after
     its prefill and out of D's pool right after SGLang's Mooncake transfer committed the request, is the
@@ -124,27 +132,28 @@ def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_che
     with patient_router(engines["prefill"], engines["decode"], flavor) as router:
         for n in lengths:
             got = greedy(router.url, prompt_of(n))
-            assert got == reference(sglang_checkpoint, n), f"N={n}"
+            assert got == reference(sglang_tiny_checkpoint, n), f"N={n}"
             if n <= ASYM_PREFILL_CHUNK + WINDOW:  # the asym pair's P computes [0, B) in one chunk too
-                assert got == list(reference_tokens(sglang_checkpoint, tuple(prompt_of(n)), ASYM_PREFILL_CHUNK,
+                assert got == list(reference_tokens(sglang_tiny_checkpoint, tuple(prompt_of(n)), ASYM_PREFILL_CHUNK,
                                                     "release", "asym-exact-encoder")), f"N={n}"
-    # P ran SGLang's bounded replay: layers >= 20 only on the last W rows of each prompt
+    # P ran SGLang's bounded replay: the layers after the last KV source only on the last W rows of each prompt
     assert set(lengths) <= set(prompt_passes(engines["logs"] / "prefill.jsonl"))
     seen_lengths = []
     for n, p in equal_pool_dumps(dumps, len(lengths)):
         seen_lengths.append(n)
-        assert ("tail.L2" in p) == (n % 2 == 1)
-        assert p["swa.L39"].shape == (min(n, 128), 528) and p["kv.L20"].shape == (n, 288)
-        assert p["kv.L2"].shape == (n // 2, 288) and p["index.L2"].shape == (n // 2, 68)
-        assert p["kv.L20"].any() and p["swa.L0"].any()  # real rows, not an empty pool
+        last_kv, owner = f"kv.L{PLAN.last_kv_source}", RATIO_2_OWNER
+        assert (f"tail.L{owner}" in p) == (n % 2 == 1)
+        assert p[f"swa.L{LAST_LAYER}"].shape == (min(n, 128), 528) and p[last_kv].shape == (n, 288)
+        assert p[f"kv.L{owner}"].shape == (n // 2, 288) and p[f"index.L{owner}"].shape == (n // 2, 68)
+        assert p[last_kv].any() and p["swa.L0"].any()  # real rows, not an empty pool
     assert sorted(seen_lengths) == sorted(lengths)
 
 
 @pytest.mark.parametrize("n", (300, 600))
-def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engines, sglang_checkpoint, n):
+def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engines, sglang_tiny_checkpoint, n):
     prompt = prompt_of(n)
     assert greedy(engines["null_small_chunks"].url, prompt) == \
-        reference_greedy_over_chunks(sglang_checkpoint, prompt, SMALL_CHUNK)
+        reference_greedy_over_chunks(sglang_tiny_checkpoint, prompt, SMALL_CHUNK)
 
 
 def test_eight_concurrent_requests_through_the_pair_complete_through_retractions(engines):
@@ -174,8 +183,8 @@ def test_retracted_requests_complete_and_leave_the_pool_where_it_started(engines
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"input_ids": [5000, 6]}, "outside the model's vocabulary [0, 1024)"),
-    ({"input_ids": [-1, 6]}, "outside the model's vocabulary [0, 1024)"),
+    ({"input_ids": [5000, 6]}, "outside the model's vocabulary [0, 512)"),
+    ({"input_ids": [-1, 6]}, "outside the model's vocabulary [0, 512)"),
     ({"input_ids": []}, "input_ids cannot be empty"),
     ({"input_ids": [5, 6], "sampling_params": {"temperature": -1}}, "temperature must be a non-negative"),
     ({"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 20000}}, "maximum context length"),
@@ -206,12 +215,12 @@ def test_a_kept_alive_connection_outlives_sglangs_five_second_default(engines):
 
 
 def test_aborted_requests_leave_the_pools_where_they_started(engines):
-    """Clients that give up mid-request (a 1 s read timeout while the 600-token prompt is still being computed)
+    """Clients that give up mid-request (a 1 s read timeout while the ABORTED_N-token prompt is still being computed)
     abort through SGLang, alone and through the pair; afterwards SGLang's own used-token counters are
     back at zero on every server, and each serves the next request."""
     pair = [engines["prefill"], engines["decode"]]
     assert settle([engines["null"], *pair]) == [0, 0, 0]
-    body = {"input_ids": prompt_of(600), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    body = {"input_ids": prompt_of(ABORTED_N), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
     for _ in range(3):
         with pytest.raises((TimeoutError, urllib.error.URLError)):
             post(engines["null"].url + "/generate", body, timeout_s=1)

@@ -34,9 +34,9 @@ from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan
 
 from . import faults
-from .faults import abort, first_event, health_generate, open_stream, read_stream, send_stream
+from .faults import abort, first_event, health_generate, open_stream, read_stream, send_stream, wait_draining
 from .helpers import serving, stop_all
-from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server
+from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server, used_tokens
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -191,6 +191,15 @@ def wait_mid_transfer(engine: EnginePair, shipped_before: float, request: concur
         time.sleep(0.05)
     assert 0 < shipped < whole and not request.done(), (shipped, whole)
     return shipped
+
+
+def p_computing(engine: EnginePair, timeout_s: float = 60.0) -> None:
+    """Until P is part way through a prompt's chunks: its used-token gauge (SGLang sets it as each prefill batch is
+    formed) counts the rows of the chunks it computed."""
+    deadline = time.monotonic() + timeout_s
+    while used_tokens(engine.prefill) == 0:
+        assert time.monotonic() < deadline, f"P computed no chunk within {timeout_s} s"
+        time.sleep(0.05)
 
 
 def settled(engine: EnginePair) -> float:
@@ -355,7 +364,7 @@ def test_sigterm_drains_prefill(engine):
         wait_mid_transfer(engine, shipped_before, running)
         term = time.monotonic()
         os.kill(engine.prefill.proc.pid, signal.SIGTERM)
-        time.sleep(0.5)
+        wait_draining(engine.prefill.url)
         status, body = post(engine.router.url + "/generate", small(207), 120)
         refused_s = time.monotonic() - term
         run_status, run_body, run_answered = running.result(timeout=DRAIN_P_EXIT_S + 60)
@@ -451,7 +460,7 @@ def test_sigterm_drains_decode(engine):
     events = first_event(resp)
     term = time.monotonic()
     os.kill(engine.decode.proc.pid, signal.SIGTERM)
-    time.sleep(0.5)
+    wait_draining(engine.decode.url)
     status, body = post(engine.router.url + "/generate", small(205), 120)
     refused_s = time.monotonic() - term
     end = read_stream(resp, term, events)
@@ -481,7 +490,7 @@ def test_abort_on_one_worker_mid_transfer_fails_the_request_and_frees_both(engin
     served."""
     body = stream_body(EARLY_GONE_N, 20, f"abort-{side}")
     conn = send_stream(engine.router.url, body)
-    time.sleep(1.0)  # P is computing the prefix; D holds the room's slots and waits for the rows
+    p_computing(engine)  # D holds the room's slots and waits for the rows
     sent = time.monotonic()
     assert abort(getattr(engine, side).url, body["rid"]) == 200
     end = read_stream(conn.getresponse(), sent)
