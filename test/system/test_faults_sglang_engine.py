@@ -45,8 +45,8 @@ pytestmark = pytest.mark.timeout(600)
 ROUTER = RouterFlavor(os.environ.get("SGLANG_ASYM_FAULT_ROUTER", RouterFlavor.SGLANG_ROUTER.value))
 
 BOOTSTRAP_TIMEOUT_S = 10
-# D's wait covers P's whole prefix (IN_TRANSFER_N: 6 chunks, 1.4 s on an idle host) and its transfer, with room for a
-# loaded 2-core CI host (a healthy P that outlasts it fails the request before P shipped a byte)
+# D's wait covers P's whole prefix (IN_TRANSFER_N: 6 chunks, about 2 s on an idle host) and its transfer, with room
+# for a loaded 2-core CI host (a healthy P that outlasts it fails the request before P shipped a byte)
 WAITING_TIMEOUT_S = 20
 FAULT_ENV = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(BOOTSTRAP_TIMEOUT_S),
              "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S),
@@ -66,7 +66,7 @@ DRAIN_EXIT_S = 30.0  # D exits this long after SIGTERM at most (its running stre
 D_MAX_RUNNING = 2  # D runs this many requests at once; more wait in its queue
 P_CHUNK = 256  # P computes and ships a long prefix in chunks of this many tokens: "mid-transfer" is between two
 # a prompt P is still computing and shipping when a fault strikes (6 chunks of its 1372-token prefix: the tiny model
-# computes a chunk in about 0.25 s, so a fault struck after the first chunk's bytes still finds P at work)
+# computes a chunk in about a third of a second, so a fault struck after the first chunk's bytes finds P at work)
 IN_TRANSFER_N = 1500
 EARLY_GONE_N = 3000  # a prompt whose first token comes after about 4.5 s on an idle host (P's prefix most of it)
 WINDOW = 128
