@@ -4,6 +4,7 @@ SGLang's pool counter, and the reference model over SGLang's chunks (shared by t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 import urllib.request
@@ -47,6 +48,27 @@ def write_sglang_checkpoint(out: Path, cfg: Any = None) -> Path:
     write_checkpoint(out, without_quantization(cfg), seed=11, precision="release", num_shards=3, progress=False)
     write_tokenizer(out, cfg)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DumpGroups:
+    """The pool-dump group names the transfer tests read, for one config: the last layer's window rows, the last KV
+    source's compressed rows, and the first ratio-2 owner's compressed rows, index keys and pending tail."""
+
+    last_window: str
+    last_kv: str
+    ratio2_kv: str
+    ratio2_index: str
+    ratio2_tail: str
+
+    @classmethod
+    def of(cls, cfg: Any) -> "DumpGroups":
+        from sglang_asym.layer_plan import LayerPlan
+
+        plan = LayerPlan.from_config(cfg)
+        owner = plan.ratio2_owners[0]
+        return cls(f"swa.L{cfg.num_hidden_layers - 1}", f"kv.L{plan.last_kv_source}", f"kv.L{owner}",
+                   f"index.L{owner}", f"tail.L{owner}")
 
 
 def sglang_workspace(tmp_path_factory: Any, name: str) -> tuple[Path, Path]:

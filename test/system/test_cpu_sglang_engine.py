@@ -39,8 +39,8 @@ from sglang_asym.testing.server_process import post
 
 from .helpers import serving
 
-from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, equal_pool_dumps, forward_log, greedy,
-                             greedy_together, metric_sum, patient_router, prompt_of, reference_greedy_over_chunks,
+from .sglang_servers import (NEW_TOKENS, ONE_CHUNK, RETRACT_ENV, RETRACTED, DumpGroups, equal_pool_dumps, forward_log,
+                             greedy, greedy_together, metric_sum, patient_router, prompt_of, reference_greedy_over_chunks,
                              reference_tokens, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
@@ -51,7 +51,7 @@ WINDOW, WINDOW_CHUNK = 128, 32
 PLAN = LayerPlan.from_config(sglang_tiny())
 EARLY = list(range(PLAN.last_kv_source + 1))  # the encoder layers and the last KV source's KV path
 EVERY = list(range(sglang_tiny().num_hidden_layers))
-LAST_LAYER, RATIO_2_OWNER = EVERY[-1], PLAN.ratio2_owners[0]
+GROUPS = DumpGroups.of(sglang_tiny())
 ABORTED_N = 2000  # a prompt the tiny model computes for over a second (a client's 1 s read timeout ends it first)
 ASYM_PREFILL_CHUNK = 512  # the asym-exact-encoder pair's P chunk (test_cpu_sglang_engine_asym.py)
 
@@ -141,11 +141,10 @@ def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_tin
     seen_lengths = []
     for n, p in equal_pool_dumps(dumps, len(lengths)):
         seen_lengths.append(n)
-        last_kv, owner = f"kv.L{PLAN.last_kv_source}", RATIO_2_OWNER
-        assert (f"tail.L{owner}" in p) == (n % 2 == 1)
-        assert p[f"swa.L{LAST_LAYER}"].shape == (min(n, 128), 528) and p[last_kv].shape == (n, 288)
-        assert p[f"kv.L{owner}"].shape == (n // 2, 288) and p[f"index.L{owner}"].shape == (n // 2, 68)
-        assert p[last_kv].any() and p["swa.L0"].any()  # real rows, not an empty pool
+        assert (GROUPS.ratio2_tail in p) == (n % 2 == 1)
+        assert p[GROUPS.last_window].shape == (min(n, 128), 528) and p[GROUPS.last_kv].shape == (n, 288)
+        assert p[GROUPS.ratio2_kv].shape == (n // 2, 288) and p[GROUPS.ratio2_index].shape == (n // 2, 68)
+        assert p[GROUPS.last_kv].any() and p["swa.L0"].any()  # real rows, not an empty pool
     assert sorted(seen_lengths) == sorted(lengths)
 
 

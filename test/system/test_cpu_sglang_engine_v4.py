@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.testing.router_launch import RouterFlavor
 
 from .helpers import serving
-from .sglang_servers import (ONE_CHUNK, equal_pool_dumps, greedy, patient_router, prompt_of,
+from .sglang_servers import (DumpGroups, ONE_CHUNK, equal_pool_dumps, greedy, patient_router, prompt_of,
                              reference_greedy_over_chunks, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1500)
@@ -30,9 +29,7 @@ LENGTHS = (1, 127, 128, 129, 130, 600, 1500)
 CHUNK = 256
 V4_ENV = {"SGLANG_DSV4_KV_LAYOUT": "v4"}
 V4_ROW_BYTES, INDEX_ROW_BYTES = 584, 68
-PLAN = LayerPlan.from_config(sglang_tiny())
-LAST_LAYER = sglang_tiny().num_hidden_layers - 1
-RATIO_2_OWNER = PLAN.ratio2_owners[0]  # its compressed KV and index keys: one row per two tokens
+GROUPS = DumpGroups.of(sglang_tiny())  # the ratio-2 owner's compressed KV and index keys: one row per two tokens
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +83,11 @@ def test_symmetric_pd_behind_sglang_router_equals_the_reference_and_ships_v4_row
     seen = []
     for n, p in equal_pool_dumps(dumps, len(LENGTHS)):
         seen.append(n)
-        last_kv = f"kv.L{PLAN.last_kv_source}"
-        assert p[f"swa.L{LAST_LAYER}"].shape == (min(n, 128), V4_ROW_BYTES) and p[last_kv].shape == (n, V4_ROW_BYTES)
-        assert p[f"kv.L{RATIO_2_OWNER}"].shape == (n // 2, V4_ROW_BYTES)
-        assert p[f"index.L{RATIO_2_OWNER}"].shape == (n // 2, INDEX_ROW_BYTES)
-        assert p[last_kv].any() and p["swa.L0"].any()
+        assert p[GROUPS.last_window].shape == (min(n, 128), V4_ROW_BYTES)
+        assert p[GROUPS.last_kv].shape == (n, V4_ROW_BYTES)
+        assert p[GROUPS.ratio2_kv].shape == (n // 2, V4_ROW_BYTES)
+        assert p[GROUPS.ratio2_index].shape == (n // 2, INDEX_ROW_BYTES)
+        assert p[GROUPS.last_kv].any() and p["swa.L0"].any()
         assert not p["swa.L0"][:, -1].any()  # the V4 row's scale pad byte stays zero
     assert sorted(seen) == sorted(LENGTHS)
     assert settle([engines["prefill"], engines["decode"]]) == [0, 0]
