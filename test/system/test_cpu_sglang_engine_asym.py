@@ -1,10 +1,14 @@
 """The asymmetric modes inside SGLang 0.5.23's own engine on CPU: `python -m sglang.launch_server --device cpu
 --disaggregation-mode asym-prefill | asym-decode` behind sglang-router and smg, against the reference model
 computed in this process with the same semantics over the pair's forwards (P's prefill chunks of [0, B), D's
-window chunks of [B, N)); each semantics is one module-scoped pair, started after the other pair stopped:
+window chunks of [B, N)); each semantics is one module-scoped pair, started after the other pair stopped.
+The pairs serve the nine-layer tiny checkpoint (every layer role: encoder layers 0-4, layer 5 the last KV source,
+decoder layers 6-8, window 128, SGLang's pool geometry); the 40-layer schedule's cut (layers 0-19 and layer 20's
+KV path) runs through SGLang's own forward in test/sglang_plugin/test_prefill_reference_layers.py, and the split
+over it in test/core/test_split.py.
 - greedy outputs equal the reference's for prompts across the window boundary, one request at a time;
-- P ran layers 0-19 and layer 20's KV path on [0, B) only, through SGLang's own layer loop with P's cut
-  (asym-exact-encoder: in SGLang's 512-token prefill chunks), and no forward at all for N <= W; D ran
+- P ran the encoder layers and the last KV source's KV path on [0, B) only, through SGLang's own layer loop with
+  P's cut (asym-exact-encoder: in SGLang's 512-token prefill chunks), and no forward at all for N <= W; D ran
   every layer over [B, N) in window chunks of at most 32 rows (the reference forward's log, a test aid);
 - D's pool holds exactly what P's pool holds of the transferred extent, byte for byte (pool dumps), and
   the bytes P wrote per request (its /metrics counter) are exactly the SplitPlan manifest's;
@@ -29,12 +33,13 @@ import pytest
 
 from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+from sglang_asym.layer_plan import LayerPlan
+from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan
 
 from .helpers import serving
 from .reference_prefetch import ReferencePrefetch
-from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, equal_pool_dumps, greedy, greedy_together, metric_sum,
+from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, DumpGroups, equal_pool_dumps, greedy, greedy_together, metric_sum,
                              mooncake_regions, patient_router, prompt_of, reference_tokens, restore, settle, sglang_server)
 
 pytestmark = pytest.mark.timeout(1800)
@@ -57,16 +62,21 @@ def sweep(semantics: str) -> tuple[int, ...]:
 # the prompt lengths each case compares with the reference (the `references` fixture queues them at module start)
 REFERENCE_LENGTHS = {"test_greedy_outputs_equal_the_reference_behind_sglang_router": sweep,
                      "test_greedy_outputs_equal_the_reference_behind_smg": lambda semantics: SMG_LENGTHS}
-ENCODER_LAYERS = list(range(20))
+CFG = sglang_tiny()
+PLAN = LayerPlan.from_config(CFG)
+EARLY = list(range(PLAN.last_kv_source + 1))  # what P runs: the encoder layers and the last KV source's KV path
+EVERY = list(range(CFG.num_hidden_layers))
+GROUPS = DumpGroups.of(CFG)
 # P's chunk per semantics: the asym-exact-encoder pair computes B > 512 in chunks (N = 1000 and 4097 run
 # SGLang's chunked prefill on P); the asym pair, whose D retracts, computes each prefix in one forward (its
 # tests read each lifecycle's prefix end from P's forwards)
 PREFILL_CHUNK = {"asym-exact-encoder": 512, "asym": 4096}
 PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"  # P's exact-payload manager (exact_payload.py)
 SGLANG_TRANSFER_MB = "sglang:kv_transfer_total_mb_sum"  # SGLang's own per-request histogram (MiB)
-# the long prompt P computes while the short ones retract: over 10 s of P's compute on an idle 2-core host (58
-# prefix tokens/s measured), in one forward (PREFILL_CHUNK), and each rebootstrap computes it again
-LONG_N = 1200
+# the long prompt P computes while the short ones retract: seconds of P's compute in one forward (PREFILL_CHUNK),
+# which each rebootstrap computes again
+LONG_N = 4000
+ABORTED_N = 2000  # a prompt the tiny model computes for over a second (a client's 1 s read timeout ends it first)
 RUNNER_TOKENS = 96  # decodes while the late request's prefix (256 rows on P) and window (4 chunks on D) run
 
 
@@ -77,7 +87,7 @@ ASYM_ONLY = pytest.mark.parametrize("pairs", [ASYM], indirect=True)  # its D ret
 
 
 @pytest.fixture(scope="module")
-def references(request, sglang_checkpoint):
+def references(request, sglang_tiny_checkpoint):
     """The reference tokens of every (semantics, N) the module's selected cases compare with, queued in the order
     the cases run: a background thread computes them while the pairs start and answer (reference_prefetch.py)."""
     with ReferencePrefetch() as prefetch:
@@ -85,12 +95,12 @@ def references(request, sglang_checkpoint):
             if item.module is request.module and item.originalname in REFERENCE_LENGTHS:
                 semantics = item.callspec.params["pairs"]
                 for n in REFERENCE_LENGTHS[item.originalname](semantics):
-                    prefetch.submit((semantics, n), functools.partial(_reference, sglang_checkpoint, semantics, n))
+                    prefetch.submit((semantics, n), functools.partial(_reference, sglang_tiny_checkpoint, semantics, n))
         yield prefetch
 
 
 @pytest.fixture(scope="module")
-def pairs(request, sglang_checkpoint, tmp_path_factory, references):
+def pairs(request, sglang_tiny_checkpoint, tmp_path_factory, references):
     """SGLang's asym pair (pool dumps and forward logs on) for one semantics."""
     semantics = request.param
     work = tmp_path_factory.mktemp(f"asym_{semantics}")
@@ -104,12 +114,12 @@ def pairs(request, sglang_checkpoint, tmp_path_factory, references):
         return {"SGLANG_ASYM_POOL_DUMP_DIR": str(dumps), "SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")}
 
     servers = {
-        "prefill": sglang_server("asym-prefill", sglang_checkpoint, logs, *flags, env=aids("prefill")),
-        "decode": sglang_server("asym-decode", sglang_checkpoint, logs, *flags,
+        "prefill": sglang_server("asym-prefill", sglang_tiny_checkpoint, logs, *flags, env=aids("prefill")),
+        "decode": sglang_server("asym-decode", sglang_tiny_checkpoint, logs, *flags,
                                 env={**aids("decode"), **(RETRACT_ENV if semantics == ASYM else {})}),
     }
     with serving(servers, timeout_s=600):
-        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_checkpoint,
+        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_tiny_checkpoint,
                        references=references)
         yield servers
 
@@ -165,18 +175,18 @@ def test_greedy_outputs_equal_the_reference_behind_sglang_router(pairs):
 
 
 def _check_what_each_role_computed(pairs, lengths) -> None:
-    """P: layers 0-20 over exactly [0, B) per request, nothing for N <= W. D: every layer over [B, N) in
+    """P: the early layers (EARLY) over exactly [0, B) per request, nothing for N <= W. D: every layer over [B, N) in
     chunks on the 32-row grid from B, then one decode row per step."""
     p_rows: dict[int, list[tuple[int, int]]] = {}
     for forward in _forwards(pairs, "prefill"):
-        assert forward["layers"] == list(range(21)), forward  # the KV path of layer 20 counts as layer 20
+        assert forward["layers"] == EARLY, forward  # the last KV source's KV path counts as that layer
         assert forward["mode"] == "extend-cut", forward  # SGLang's own layer loop with P's cut (reference_layer.py)
         for room, start, end in forward["rows"]:
             if room:  # room 0 / None: the router's health checks run through SGLang's fake transfer
                 p_rows.setdefault(room, []).append((start, end))
     d_window: dict[int, list[tuple[int, int]]] = {}
     for forward in _forwards(pairs, "decode"):
-        assert forward["layers"] == list(range(40)), forward
+        assert forward["layers"] == EVERY, forward
         for room, start, end in forward["rows"][forward["decode_rows"]:]:  # the extend rows: window chunks
             if room:
                 d_window.setdefault(room, []).append((start, end))
@@ -212,7 +222,7 @@ def test_greedy_outputs_equal_the_reference_behind_smg(pairs):
 def _check_the_bytes_on_the_wire(pairs, lengths, shipped: list[int], reported: list[int]) -> None:
     """Bytes on the wire per request: exactly the SplitPlan manifest (SGLang's own sender would move whole
     pages), by P's counter and by SGLang's own per-request transfer metric; nothing for N <= W."""
-    manifest = [SplitPlan(sglang_small(), n, WINDOW, pairs["semantics"]).manifest("release").total_bytes
+    manifest = [SplitPlan(CFG, n, WINDOW, pairs["semantics"]).manifest("release").total_bytes
                 if n > WINDOW else 0 for n in lengths]
     assert shipped == manifest and reported == manifest
 
@@ -226,11 +236,11 @@ def _check_d_holds_what_p_transferred(pairs, lengths) -> None:
     for b, p in equal_pool_dumps(pairs["dumps"], len(prefixes)):
         boundaries.append(b)
         swa = sorted(int(f.removeprefix("swa.L")) for f in p if f.startswith("swa."))
-        assert swa == (ENCODER_LAYERS if pairs["semantics"] == EXACT else [])
+        assert swa == (list(PLAN.encoder_layers) if pairs["semantics"] == EXACT else [])
         assert all(p[f"swa.L{i}"].shape == (min(b, WINDOW - 1), 528) for i in swa)  # the manifest's W - 1 rows
-        assert ("tail.L2" in p) == (b % 2 == 1)
-        assert p["kv.L20"].shape == (b, 288) and p["kv.L2"].shape == (b // 2, 288)
-        assert p["kv.L20"].any()  # real rows, not an empty pool
+        assert (GROUPS.ratio2_tail in p) == (b % 2 == 1)
+        assert p[GROUPS.last_kv].shape == (b, 288) and p[GROUPS.ratio2_kv].shape == (b // 2, 288)
+        assert p[GROUPS.last_kv].any()  # real rows, not an empty pool
     assert sorted(boundaries) == prefixes
 
 
@@ -273,7 +283,7 @@ def test_aborted_requests_leave_the_pools_where_they_started(pairs):
     regions = [mooncake_regions(server) for server in pair]
     assert min(regions) > 0, regions  # the pools, registered once at start-up
     with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        for n in (600, 120, 600):
+        for n in (ABORTED_N, 120, ABORTED_N):
             body = {"input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
             with pytest.raises((TimeoutError, urllib.error.URLError)):
                 post(router.url + "/generate", body, timeout_s=1)
