@@ -220,13 +220,16 @@ def restore(*server_sets: dict[str, Any]) -> None:
         raise AssertionError(f"the case left its shared servers broken (restarted): {problems}")
 
 
-def greedy_together(base: str, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+def greedy_together(base: str, prompts: list[list[int]], new_tokens: int | list[int] = NEW_TOKENS) -> list[list[int]]:
     """Greedy outputs of `prompts` sent all at once (one thread each), in prompt order; ignore_eos, so every
-    request decodes `new_tokens` steps and they share the scheduler's batches for as long as possible."""
+    request decodes `new_tokens` steps (one count for all, or one per prompt) and they share the scheduler's
+    batches for as long as possible."""
     import concurrent.futures
 
+    counts = new_tokens if isinstance(new_tokens, list) else [new_tokens] * len(prompts)
+    assert len(counts) == len(prompts), (len(counts), len(prompts))
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        futures = [pool.submit(greedy, base, prompt, new_tokens, True) for prompt in prompts]
+        futures = [pool.submit(greedy, base, prompt, count, True) for prompt, count in zip(prompts, counts)]
         return [f.result() for f in futures]
 
 

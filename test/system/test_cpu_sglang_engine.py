@@ -19,11 +19,12 @@ of SGLang's v41 pool, over exactly SGLang's chunks: the reference model is not c
   serving; a kept-alive connection outlives SGLang's 5 s default; aborted requests, and requests SGLang
   retracts (its SGLANG_TEST_RETRACT switch, on D and on a colocated server), leave SGLang's own pool
   counters where they started.
-One module-scoped set of four servers serves every case.
+One module-scoped set of four servers serves every case, the pair behind one module-scoped sglang-router.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 from pathlib import Path
@@ -76,8 +77,10 @@ def engines(sglang_tiny_checkpoint, dumps, tmp_path_factory):
         "decode": sglang_server("decode", sglang_tiny_checkpoint, logs, env={**dump_env, **RETRACT_ENV}),
     }
     with serving(servers, timeout_s=600):
-        servers["logs"] = logs
-        yield servers
+        # one sglang-router in front of the pair for the module's cases (its own start costs seconds of CPU)
+        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            servers.update(logs=logs, router=router)
+            yield servers
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +88,13 @@ def _shared_servers_back_to_empty(engines):
     """After each case: the module's servers healthy with empty pools, or restarted and the case failed."""
     yield
     restore(engines)
+
+
+def _router(engines, flavor: RouterFlavor):
+    """The module's sglang-router, or a router of `flavor` started for the case."""
+    if flavor is RouterFlavor.SGLANG_ROUTER:
+        return contextlib.nullcontext(engines["router"])
+    return patient_router(engines["prefill"], engines["decode"], flavor)
 
 
 def reference(checkpoint: Path, n: int) -> list[int]:
@@ -129,7 +139,7 @@ def test_symmetric_pd_behind_the_router_equals_the_reference(engines, sglang_tin
     same at each side's own slots, byte for byte."""
     for old in dumps.glob("*.npz"):
         old.unlink()
-    with patient_router(engines["prefill"], engines["decode"], flavor) as router:
+    with _router(engines, flavor) as router:
         for n in lengths:
             got = greedy(router.url, prompt_of(n))
             assert got == reference(sglang_tiny_checkpoint, n), f"N={n}"
@@ -161,8 +171,7 @@ def test_eight_concurrent_requests_through_the_pair_complete_through_retractions
     counters are back at zero on P and D."""
     pair = [engines["prefill"], engines["decode"]]
     retracted_before = metric_sum(engines["decode"], RETRACTED) or 0.0
-    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        outputs = greedy_together(router.url, [prompt_of(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)])
+    outputs = greedy_together(engines["router"].url, [prompt_of(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)])
     assert [len(o) for o in outputs] == [NEW_TOKENS] * 8
     assert (metric_sum(engines["decode"], RETRACTED) or 0.0) > retracted_before
     assert settle(pair) == [0, 0]
@@ -223,10 +232,9 @@ def test_aborted_requests_leave_the_pools_where_they_started(engines):
     for _ in range(3):
         with pytest.raises((TimeoutError, urllib.error.URLError)):
             post(engines["null"].url + "/generate", body, timeout_s=1)
-    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        for _ in range(3):
-            with pytest.raises((TimeoutError, urllib.error.URLError)):
-                post(router.url + "/generate", body, timeout_s=1)
-        assert settle([engines["null"], *pair]) == [0, 0, 0]
-        assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
+    for _ in range(3):
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            post(engines["router"].url + "/generate", body, timeout_s=1)
+    assert settle([engines["null"], *pair]) == [0, 0, 0]
+    assert len(greedy(engines["router"].url, prompt_of(3))) == NEW_TOKENS
     assert len(greedy(engines["null"].url, prompt_of(3))) == NEW_TOKENS

@@ -101,7 +101,7 @@ def references(request, sglang_tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def pairs(request, sglang_tiny_checkpoint, tmp_path_factory, references):
-    """SGLang's asym pair (pool dumps and forward logs on) for one semantics."""
+    """SGLang's asym pair (pool dumps and forward logs on) for one semantics, behind sglang-router."""
     semantics = request.param
     work = tmp_path_factory.mktemp(f"asym_{semantics}")
     logs, dumps = work / "logs", work / "dumps"
@@ -119,9 +119,11 @@ def pairs(request, sglang_tiny_checkpoint, tmp_path_factory, references):
                                 env={**aids("decode"), **(RETRACT_ENV if semantics == ASYM else {})}),
     }
     with serving(servers, timeout_s=600):
-        servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_tiny_checkpoint,
-                       references=references)
-        yield servers
+        # one sglang-router for the module's cases (its own start costs seconds of CPU); smg starts per case
+        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            servers.update(semantics=semantics, work=work, dumps=dumps, checkpoint=sglang_tiny_checkpoint,
+                           references=references, router=router)
+            yield servers
 
 
 @pytest.fixture(autouse=True)
@@ -161,14 +163,13 @@ def test_greedy_outputs_equal_the_reference_behind_sglang_router(pairs):
     _forget_logs(pairs)
     lengths = sweep(pairs["semantics"])
     shipped, reported = [], []
-    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as ours:
-        for n in lengths:
-            prompt = prompt_of(n)
-            before = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
-            assert greedy(ours.url, prompt) == reference(pairs, n), f"N={n}"
-            after = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
-            shipped.append(int(after[0] - before[0]))
-            reported.append(round((after[1] - before[1]) * 2**20))
+    for n in lengths:
+        prompt = prompt_of(n)
+        before = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
+        assert greedy(pairs["router"].url, prompt) == reference(pairs, n), f"N={n}"
+        after = [metric_sum(pairs["prefill"], name) or 0.0 for name in (PAYLOAD_BYTES, SGLANG_TRANSFER_MB)]
+        shipped.append(int(after[0] - before[0]))
+        reported.append(round((after[1] - before[1]) * 2**20))
     _check_what_each_role_computed(pairs, lengths)
     _check_the_bytes_on_the_wire(pairs, lengths, shipped, reported)
     _check_d_holds_what_p_transferred(pairs, lengths)
@@ -251,14 +252,14 @@ def test_a_window_runs_in_chunks_while_a_running_request_keeps_decoding(pairs):
     chunk), so the running request decodes in every step of the window, and no forward holds more than the
     budget (256 rows)."""
     _forget_logs(pairs)
-    with patient_router(pairs["prefill"], pairs["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            runner = pool.submit(greedy, router.url, prompt_of(5), RUNNER_TOKENS, True)  # ignore_eos: it must keep decoding
-            deadline = time.monotonic() + 300
-            while not any(f["mode"] == "decode" for f in _forwards(pairs, "decode")) and time.monotonic() < deadline:
-                time.sleep(0.2)  # the first request is decoding
-            late = pool.submit(greedy, router.url, prompt_of(384))
-            assert len(late.result()) == NEW_TOKENS and len(runner.result()) == RUNNER_TOKENS
+    router = pairs["router"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runner = pool.submit(greedy, router.url, prompt_of(5), RUNNER_TOKENS, True)  # ignore_eos: it must keep decoding
+        deadline = time.monotonic() + 300
+        while not any(f["mode"] == "decode" for f in _forwards(pairs, "decode")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the first request is decoding
+        late = pool.submit(greedy, router.url, prompt_of(384))
+        assert len(late.result()) == NEW_TOKENS and len(runner.result()) == RUNNER_TOKENS
     forwards = _forwards(pairs, "decode")
     runner_room = next(room for f in forwards if f["mode"] == "decode" for room, _, _ in f["rows"] if room)
     window_steps = [f for f in forwards if any(s >= 256 and e <= 384 for _, s, e in f["rows"][f["decode_rows"]:])]
@@ -282,14 +283,14 @@ def test_aborted_requests_leave_the_pools_where_they_started(pairs):
     assert settle(pair) == [0, 0]
     regions = [mooncake_regions(server) for server in pair]
     assert min(regions) > 0, regions  # the pools, registered once at start-up
-    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        for n in (ABORTED_N, 120, ABORTED_N):
-            body = {"input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
-            with pytest.raises((TimeoutError, urllib.error.URLError)):
-                post(router.url + "/generate", body, timeout_s=1)
-        assert settle(pair) == [0, 0]
-        assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
-        assert len(greedy(router.url, prompt_of(300))) == NEW_TOKENS
+    router = pairs["router"]
+    for n in (ABORTED_N, 120, ABORTED_N):
+        body = {"input_ids": prompt_of(n), "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            post(router.url + "/generate", body, timeout_s=1)
+    assert settle(pair) == [0, 0]
+    assert len(greedy(router.url, prompt_of(3))) == NEW_TOKENS
+    assert len(greedy(router.url, prompt_of(300))) == NEW_TOKENS
     assert [mooncake_regions(server) for server in pair] == regions
 
 
@@ -299,8 +300,7 @@ def _retracted_together(pairs, lengths: tuple[int, ...], new_tokens: int) -> dic
     _forget_logs(pairs)
     pair = [pairs["prefill"], pairs["decode"]]
     retracted_before = metric_sum(pairs["decode"], RETRACTED) or 0.0
-    with patient_router(*pair, RouterFlavor.SGLANG_ROUTER) as router:
-        outputs = greedy_together(router.url, [prompt_of(n) for n in lengths], new_tokens)
+    outputs = greedy_together(pairs["router"].url, [prompt_of(n) for n in lengths], new_tokens)
     assert [len(o) for o in outputs] == [new_tokens] * len(lengths)
     assert (metric_sum(pairs["decode"], RETRACTED) or 0.0) > retracted_before
     assert settle(pair) == [0, 0]

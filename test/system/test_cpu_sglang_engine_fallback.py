@@ -59,7 +59,10 @@ def pair(sglang_tiny_checkpoint, tmp_path_factory):
                                 env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S)}),
     }
     with serving(servers, timeout_s=600):
-        yield servers
+        # one sglang-router for both cases (its own start costs seconds of CPU)
+        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            servers["router"] = router
+            yield servers
 
 
 @pytest.fixture(autouse=True)
@@ -93,25 +96,25 @@ def test_a_failed_handshake_or_transfer_is_recomputed_on_d_and_equals_the_pair(p
     cases = [("P unreachable", 300, pick_free_port()), ("P unreachable", 100, pick_free_port()),
              ("P never given the room", 400, prefill.bootstrap_port)]
     facts = []
-    with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
-        for i, (what, n, bootstrap_port) in enumerate(cases):
-            prompt = prompt_of(n)
-            expected, pair_s = _generate(router.url, prompt)
-            assert len(expected) == NEW
-            routing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": 7000 + i}
-            got, fallback_s = _generate(decode.url, prompt, **routing)
-            assert got == expected, (what, n)
-            assert metric_sum(decode, FALLBACK_COUNTER) == float(i + 1)
-            facts.append({"failure": what, "prompt_tokens": n, "boundary": max(n - WINDOW, 0),
-                          "pair_s": round(pair_s, 2), "fallback_s": round(fallback_s, 2)})
-        log = decode.log.read_text(errors="replace")
-        assert log.count(FALLBACK_LINE) == len(cases)
-        computed = [(int(b), float(s)) for b, s in PREFIX_LINE.findall(log)]
-        assert [b for b, _ in computed] == [f["boundary"] for f in facts if f["boundary"]]
-        for fact, (_, seconds) in zip([f for f in facts if f["boundary"]], computed):
-            fact["prefix_compute_s"] = seconds
-        assert settle([prefill, decode], 120) == [0, 0]
-        assert len(_generate(router.url, prompt_of(200))[0]) == NEW  # the pair serves on
+    router = pair["router"]
+    for i, (what, n, bootstrap_port) in enumerate(cases):
+        prompt = prompt_of(n)
+        expected, pair_s = _generate(router.url, prompt)
+        assert len(expected) == NEW
+        routing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": 7000 + i}
+        got, fallback_s = _generate(decode.url, prompt, **routing)
+        assert got == expected, (what, n)
+        assert metric_sum(decode, FALLBACK_COUNTER) == float(i + 1)
+        facts.append({"failure": what, "prompt_tokens": n, "boundary": max(n - WINDOW, 0),
+                      "pair_s": round(pair_s, 2), "fallback_s": round(fallback_s, 2)})
+    log = decode.log.read_text(errors="replace")
+    assert log.count(FALLBACK_LINE) == len(cases)
+    computed = [(int(b), float(s)) for b, s in PREFIX_LINE.findall(log)]
+    assert [b for b, _ in computed] == [f["boundary"] for f in facts if f["boundary"]]
+    for fact, (_, seconds) in zip([f for f in facts if f["boundary"]], computed):
+        fact["prefix_compute_s"] = seconds
+    assert settle([prefill, decode], 120) == [0, 0]
+    assert len(_generate(router.url, prompt_of(200))[0]) == NEW  # the pair serves on
     faults.record("engine_transfer_fallback_recompute", requests=facts, outputs_equal_the_pair=True,
                   waiting_timeout_s=WAITING_TIMEOUT_S, used_tokens_back=True)
 
@@ -122,24 +125,24 @@ def test_a_request_its_client_aborts_is_not_recomputed(pair):
     prefill, decode = pair["prefill"], pair["decode"]
     before = metric_sum(decode, FALLBACK_COUNTER) or 0.0
     unreachable = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pick_free_port(), "bootstrap_room": 7100}
-    with patient_router(prefill, decode, RouterFlavor.SGLANG_ROUTER) as router:
-        for where, url, worker, routing, n in (("D", decode.url, decode, unreachable, 300),
-                                               ("P", router.url, prefill, {}, P_ABORTED_N)):
-            rid = f"fallback-abort-{where}-{time.monotonic_ns()}"
-            body = {"input_ids": prompt_of(n), "rid": rid, **routing,
-                    "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                answer = pool.submit(post, url + "/generate", body, 120)
-                time.sleep(3 if where == "D" else 1)  # D: inside SGLang's 15 s of handshake retries
-                # again until answered: an abort that reaches the worker before the request (the router's
-                # dispatch is late on a loaded host) is dropped, and P computes this prefix for seconds
-                while not answer.done():
-                    assert abort(worker.url, rid) == 200
-                    concurrent.futures.wait([answer], timeout=0.5)
-                status, result = answer.result(timeout=60)
-            assert status != 200 or result["meta_info"]["finish_reason"]["type"] == "abort", (where, status, result)
-        # the failure SGLang's receiver then reports for D's aborted room (at once, or after its handshake
-        # retries) has passed D's fallback hook: it must not have been recomputed
-        _wait_for_log(decode, f"bootstrap_room={unreachable['bootstrap_room']}", HANDSHAKE_FAILED_WITHIN_S)
+    router = pair["router"]
+    for where, url, worker, routing, n in (("D", decode.url, decode, unreachable, 300),
+                                           ("P", router.url, prefill, {}, P_ABORTED_N)):
+        rid = f"fallback-abort-{where}-{time.monotonic_ns()}"
+        body = {"input_ids": prompt_of(n), "rid": rid, **routing,
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post, url + "/generate", body, 120)
+            time.sleep(3 if where == "D" else 1)  # D: inside SGLang's 15 s of handshake retries
+            # again until answered: an abort that reaches the worker before the request (the router's
+            # dispatch is late on a loaded host) is dropped, and P computes this prefix for seconds
+            while not answer.done():
+                assert abort(worker.url, rid) == 200
+                concurrent.futures.wait([answer], timeout=0.5)
+            status, result = answer.result(timeout=60)
+        assert status != 200 or result["meta_info"]["finish_reason"]["type"] == "abort", (where, status, result)
+    # the failure SGLang's receiver then reports for D's aborted room (at once, or after its handshake
+    # retries) has passed D's fallback hook: it must not have been recomputed
+    _wait_for_log(decode, f"bootstrap_room={unreachable['bootstrap_room']}", HANDSHAKE_FAILED_WITHIN_S)
     assert (metric_sum(decode, FALLBACK_COUNTER) or 0.0) == before
     assert settle([prefill, decode], 120) == [0, 0]
