@@ -39,8 +39,9 @@ from sglang_asym.split import SplitPlan
 
 from .helpers import serving
 from .reference_prefetch import ReferencePrefetch
-from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, DumpGroups, equal_pool_dumps, greedy, greedy_together, metric_sum,
-                             mooncake_regions, patient_router, prompt_of, reference_tokens, restore, settle, sglang_server)
+from .sglang_servers import (NEW_TOKENS, RETRACT_ENV, RETRACTED, DumpGroups, equal_pool_dumps, greedy, greedy_together,
+                             metric_sum, mooncake_regions, patient_router, prompt_of, reference_tokens, restore, settle,
+                             sglang_server)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -73,8 +74,8 @@ GROUPS = DumpGroups.of(CFG)
 PREFILL_CHUNK = {"asym-exact-encoder": 512, "asym": 4096}
 PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"  # P's exact-payload manager (exact_payload.py)
 SGLANG_TRANSFER_MB = "sglang:kv_transfer_total_mb_sum"  # SGLang's own per-request histogram (MiB)
-# the long prompt P computes while the short ones retract: seconds of P's compute in one forward (PREFILL_CHUNK),
-# which each rebootstrap computes again
+# the long prompt P computes while the short ones retract: about 5 s of P's compute on an idle host (the tiny
+# checkpoint, its 3872-token prefix in one forward: PREFILL_CHUNK), which each rebootstrap computes again
 LONG_N = 4000
 ABORTED_N = 2000  # a prompt the tiny model computes for over a second (a client's 1 s read timeout ends it first)
 RUNNER_TOKENS = 96  # decodes while the late request's prefix (256 rows on P) and window (4 chunks on D) run
@@ -176,8 +177,8 @@ def test_greedy_outputs_equal_the_reference_behind_sglang_router(pairs):
 
 
 def _check_what_each_role_computed(pairs, lengths) -> None:
-    """P: the early layers (EARLY) over exactly [0, B) per request, nothing for N <= W. D: every layer over [B, N) in
-    chunks on the 32-row grid from B, then one decode row per step."""
+    """P: the early layers (EARLY) over exactly [0, B) per request, nothing for N <= W. D: every layer over
+    [B, N) in chunks on the 32-row grid from B, then one decode row per step."""
     p_rows: dict[int, list[tuple[int, int]]] = {}
     for forward in _forwards(pairs, "prefill"):
         assert forward["layers"] == EARLY, forward  # the last KV source's KV path counts as that layer

@@ -125,9 +125,8 @@ def test_a_request_its_client_aborts_is_not_recomputed(pair):
     prefill, decode = pair["prefill"], pair["decode"]
     before = metric_sum(decode, FALLBACK_COUNTER) or 0.0
     unreachable = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pick_free_port(), "bootstrap_room": 7100}
-    router = pair["router"]
     for where, url, worker, routing, n in (("D", decode.url, decode, unreachable, 300),
-                                           ("P", router.url, prefill, {}, P_ABORTED_N)):
+                                           ("P", pair["router"].url, prefill, {}, P_ABORTED_N)):
         rid = f"fallback-abort-{where}-{time.monotonic_ns()}"
         body = {"input_ids": prompt_of(n), "rid": rid, **routing,
                 "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
