@@ -45,6 +45,7 @@ FALLBACK_LINE = "recomputing its"
 PREFIX_LINE = re.compile(r"recomputed its (\d+)-token prefix on this decode worker in ([\d.]+) s")
 HANDSHAKE_FAILED = "Decode handshake failed"  # SGLang's error line when a room's handshake fails on D
 HANDSHAKE_FAILED_WITHIN_S = 60.0  # D reports a failed handshake this long after the abort at most
+BOOTSTRAP_FETCH_FAILED = "Error fetching prefill server info from bootstrap"  # SGLang's line per failed try on D
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +82,25 @@ def _generate(url: str, prompt: list[int], **routing) -> tuple[list[int], float]
     return answer["output_ids"], time.monotonic() - started
 
 
-def _wait_for_log(server, words: str, timeout_s: float) -> None:
-    """Until a HANDSHAKE_FAILED line of the server's log names `words`."""
+def _logged(server, marker: str, words: str) -> bool:
+    """Whether a line of the server's log holds `marker` and names `words`."""
+    return any(marker in line and words in line for line in server.log.read_text(errors="replace").splitlines())
+
+
+def _wait_for_log(server, words: str, timeout_s: float, marker: str = HANDSHAKE_FAILED) -> None:
+    """Until a `marker` line of the server's log names `words`."""
     deadline = time.monotonic() + timeout_s
-    while not any(HANDSHAKE_FAILED in line and words in line
-                  for line in server.log.read_text(errors="replace").splitlines()):
-        assert time.monotonic() < deadline, f"no {HANDSHAKE_FAILED!r} line with {words!r} after {timeout_s} s"
+    while not _logged(server, marker, words):
+        assert time.monotonic() < deadline, f"no {marker!r} line with {words!r} after {timeout_s} s"
         time.sleep(0.2)
+
+
+def _p_computing(prefill, timeout_s: float = 60.0) -> None:
+    """Until P computes a prefix: its used-token gauge (set as SGLang forms each prefill batch) is above 0."""
+    deadline = time.monotonic() + timeout_s
+    while not metric_sum(prefill, "sglang:num_used_tokens"):
+        assert time.monotonic() < deadline, f"P computed nothing within {timeout_s} s"
+        time.sleep(0.05)
 
 
 def test_a_failed_handshake_or_transfer_is_recomputed_on_d_and_equals_the_pair(pair):
@@ -132,7 +145,10 @@ def test_a_request_its_client_aborts_is_not_recomputed(pair):
                 "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             answer = pool.submit(post, url + "/generate", body, 120)
-            time.sleep(3 if where == "D" else 1)  # D: inside SGLang's 15 s of handshake retries
+            if where == "D":  # inside SGLang's 15 s of handshake retries: it logs each failed fetch with the port
+                _wait_for_log(decode, f"port={routing['bootstrap_port']}", 60, BOOTSTRAP_FETCH_FAILED)
+            else:
+                _p_computing(prefill)
             # again until answered: an abort that reaches the worker before the request (the router's
             # dispatch is late on a loaded host) is dropped, and P computes this prefix for seconds
             while not answer.done():
