@@ -8,7 +8,7 @@ beside the servers the system tests start later.
 The suite runs on two pytest-xdist workers (scripts/test.sh). The system tests, which start SGLang servers
 of gigabytes each, form two scopes that go first, one to each worker, and run there in file order (the
 modules sharing the deterministic stack last): the modules with up to four servers up at once, and those
-with one pair at a time (asym, faults, lifetime), so at most six servers are up together; then the
+with one pair at a time (asym, faults, lifetime, overload), so at most six servers are up together; then the
 in-process test modules, each on one torch thread, the longest first."""
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ SERVER_GROUP = "servers"
 PAIR_SERVER_GROUP = "pair-servers"
 # system test modules with at most one P / D pair (two servers) up at a time: they fit beside the others
 PAIR_SERVER_MODULES = frozenset({"test_cpu_sglang_engine_asym.py", "test_faults_sglang_engine.py",
-                                 "test_lifetime.py", "test_overload.py", "test_real_clients.py"})
+                                 "test_lifetime.py", "test_overload.py"})
 # the modules that share the package-scoped deterministic_stack (system/conftest.py): they run last in their
 # scope, so that the stack, up from their first test to the package's last test on the worker, is not up
 # beside another module's servers
 DETERMINISTIC_STACK_MODULES = ("test_cpu_sglang_engine_asym_dspark.py", "test_cpu_sglang_engine_deterministic.py",
-                               "test_cpu_sglang_engine_dspark.py")
+                               "test_cpu_sglang_engine_dspark.py", "test_real_clients.py")
 # the in-process modules that take minutes: handed out first after the system tests, so that no worker starts one
 # of them while the other has nothing left to run
 LONG_MODULES_FIRST = ("test/core/test_split.py", "test/speculative/test_split_lengths_small.py",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from sglang_asym.config import V41Config
+
+from .script_runs import ForkRunner, python_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,9 +46,14 @@ def server_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FORK_RUNNER = ForkRunner(REPO)  # one per test process (each xdist worker has its own)
+atexit.register(FORK_RUNNER.close)
+
+
 def run_python(args: list[str], timeout: float = 240, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Runs the project's Python in a fresh process with only this plugin allowed."""
-    env = dict(os.environ, SGLANG_PLUGINS="sglang_asym", PYTHONWARNINGS="ignore")
-    env.update(extra_env or {})
+    """Runs the project's Python in a process of its own with only this plugin allowed: a helper script through
+    the fork runner (script_runs.py), anything else, or a script that needs `extra_env`, as a fresh process."""
+    if args[0].endswith(".py") and not extra_env:
+        return FORK_RUNNER.run(args, timeout)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+                          env=python_env(extra_env), cwd=REPO)

@@ -13,7 +13,8 @@ import pytest
 from sglang_asym.testing.router_launch import RouterFlavor
 
 from .helpers import serving
-from .sglang_servers import DETERMINISTIC, patient_router, sglang_server, sglang_workspace, write_sglang_checkpoint
+from .sglang_servers import (DETERMINISTIC, STACK_P_POOL_TOKENS, patient_router, sglang_server, sglang_workspace,
+                             write_sglang_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -34,15 +35,17 @@ def deterministic_stack(sglang_tiny_checkpoint, tmp_path_factory):
     for the modules that compare against the same configuration (the root conftest's DETERMINISTIC_STACK_MODULES,
     which it runs last among their worker's system tests: the set stays up until the package's last test there):
     a colocated `null` server and an asym-prefill / asym-decode pair behind sglang-router, each writing the
-    reference forward's log (a test aid) to work/ROLE.jsonl. Each user checks after every case that the set is
-    healthy with empty pools and restarts it if not (sglang_servers.restore)."""
+    reference forward's log (a test aid) to work/ROLE.jsonl. P's pool holds STACK_P_POOL_TOKENS, fewer than D's:
+    the real clients' module has P alone refuse a prompt D would take. Each user checks after every case that
+    the set is healthy with empty pools and restarts it if not (sglang_servers.restore)."""
     work, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic")
 
-    def started(mode: str, role: str):
-        return sglang_server(mode, sglang_tiny_checkpoint, logs, DETERMINISTIC,
+    def started(mode: str, role: str, *flags: str):
+        return sglang_server(mode, sglang_tiny_checkpoint, logs, DETERMINISTIC, *flags,
                              env={"SGLANG_ASYM_FORWARD_LOG": str(work / f"{role}.jsonl")})
 
-    servers = {"colocated": started("null", "colocated"), "prefill": started("asym-prefill", "prefill"),
+    servers = {"colocated": started("null", "colocated"),
+               "prefill": started("asym-prefill", "prefill", "--max-total-tokens", str(STACK_P_POOL_TOKENS)),
                "decode": started("asym-decode", "decode")}
     with serving(servers, timeout_s=600):
         with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:

@@ -25,6 +25,7 @@ SGLANG_ENV = {"SGLANG_PLUGINS": "sglang_asym"}
 RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
 RETRACTED = "sglang:num_retracted_requests_total"
 DETERMINISTIC = "--enable-deterministic-inference"
+STACK_P_POOL_TOKENS = 2048  # the deterministic stack's P --max-total-tokens (D keeps the CPU default, 8192)
 
 
 def sglang_server(mode: str, checkpoint: Path, logs: Path, *extra: str, env: dict[str, str] | None = None,

@@ -1,6 +1,7 @@
 """What real clients send to the mission's pair (`python -m sglang.launch_server --device cpu
 --disaggregation-mode asym-prefill / asym-decode`, on the nine-layer tiny checkpoint: the clients' path is the
-subject, not the 40-layer schedule) behind sglang-router, one server set for the module:
+subject, not the 40-layer schedule) behind sglang-router: the deterministic stack's pair (system/conftest.py),
+shared with the deterministic and DSpark modules:
 - the `openai` client: models, completions (greedy tokens equal /generate's), chat, streaming with usage,
   stop strings; output logprobs (completions' `logprobs`, chat's `logprobs` / `top_logprobs`): one per output
   token, the greedy token's the highest of its top entries, the first one computed by D's window step;
@@ -45,14 +46,12 @@ from sglang_asym.testing.bench_serving_client import RandomLoad, requested_lengt
 from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.testing.server_process import post, post_stream
 
-from .helpers import serving
-from .sglang_servers import (DETERMINISTIC, ONE_CHUNK, asym_reference, greedy, patient_router, prompt_of,
-                             reference_model, server_info, settle, sglang_server, sglang_workspace, used_tokens)
+from .sglang_servers import (ONE_CHUNK, STACK_P_POOL_TOKENS, asym_reference, greedy, patient_router, prompt_of,
+                             reference_model, restore, server_info, settle, used_tokens)
 
 pytestmark = pytest.mark.timeout(1800)
 
 WINDOW = 128
-P_POOL_TOKENS = 2048  # P's --max-total-tokens (smaller than D's pool)
 REFUSAL_S = 2.0
 STATS_STEPS = 40  # SGLang's decode scheduler publishes its stats (the used-token gauge) every 40 steps
 ABORT_S = 5.0  # a stream its client closed is ended on both roles, and both pools are empty again, within this
@@ -70,20 +69,21 @@ def text_of(words: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(sglang_tiny_checkpoint, tmp_path_factory):
-    checkpoint = sglang_tiny_checkpoint
-    _, logs = sglang_workspace(tmp_path_factory, "real_clients")
-    # deterministic: a batch's items decode in one forward, and only then equal the same prompts sent alone
-    flags = ("--asym-window", str(WINDOW), DETERMINISTIC)
-    servers = {
-        "prefill": sglang_server("asym-prefill", checkpoint, logs, *flags, "--max-total-tokens", str(P_POOL_TOKENS)),
-        "decode": sglang_server("asym-decode", checkpoint, logs, *flags),
-    }
-    with serving(servers, timeout_s=600):
-        with patient_router(servers["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
-            # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
-            greedy(router.url, prompt_of(150), new_tokens=48, ignore_eos=True)
-            yield {**servers, "router": router, "checkpoint": checkpoint}
+def pair(deterministic_stack, sglang_tiny_checkpoint):
+    """The deterministic stack's pair behind its sglang-router (system/conftest.py): deterministic, so that a
+    batch's items, which decode in one forward, equal the same prompts sent alone; P's pool the smaller."""
+    stack = deterministic_stack
+    # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
+    greedy(stack["router"].url, prompt_of(150), new_tokens=48, ignore_eos=True)
+    return {"prefill": stack["prefill"], "decode": stack["decode"], "router": stack["router"],
+            "checkpoint": sglang_tiny_checkpoint}
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers_back_to_empty(deterministic_stack):
+    """After each case: the shared servers healthy with empty pools, or restarted and the case failed."""
+    yield
+    restore(deterministic_stack)
 
 
 @pytest.fixture
@@ -326,15 +326,15 @@ def test_a_prompt_longer_than_the_context_is_refused_by_both_roles_at_once(pair,
 
 
 def test_a_prompt_longer_than_the_prefill_worker_takes_is_refused_with_its_400(pair, client):
-    """SGLang's scheduler takes prompts shorter than its max_req_input_len, bounded by the server's own pool: P's
-    (P_POOL_TOKENS) is the smaller, so P refuses at its door a prompt D would take, with a 400. D hears it from P
-    (prefill/refusal.py) and answers the client with P's 400 and words (shared/relayed_refusal.py), not a failed
+    """SGLang's scheduler takes prompts shorter than its max_req_input_len, bounded by the server's own pool:
+    P's (STACK_P_POOL_TOKENS) is the smaller, so P refuses at its door a prompt D would take, with a 400. D hears
+    it from P (prefill/refusal.py) and answers the client with P's 400 and words (shared/relayed_refusal.py), not a failed
     handshake's 500; a /generate stream, an error event with code 400; an OpenAI stream, a 400 before any chunk
     (as SGLang answers the refusals D makes itself)."""
     from transformers import AutoTokenizer
 
     p_limit, d_limit = (server_info(pair[role])["max_req_input_len"] for role in ("prefill", "decode"))
-    assert p_limit < P_POOL_TOKENS < d_limit, (p_limit, d_limit)
+    assert p_limit < STACK_P_POOL_TOKENS < d_limit, (p_limit, d_limit)
     words = f"Input length ({p_limit} tokens) exceeds the maximum allowed length ({p_limit} tokens)"
     body = {"input_ids": prompt_of(p_limit), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     refused = _generate_refused_at_once(pair, body, 400)
