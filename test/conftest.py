@@ -43,6 +43,11 @@ LONG_MODULES_FIRST = ("test/core/test_split.py", "test/speculative/test_split_le
                       "test/speculative/test_split_lengths.py")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "leaves_servers_stopped: a system case that stops a shared server on purpose "
+                                       "(its module's last): the after-case check does not restart it")
+
+
 def _starts_servers(item) -> bool:
     return Path(str(item.path)).resolve().is_relative_to(SERVER_TESTS)
 

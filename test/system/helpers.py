@@ -61,6 +61,18 @@ def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Ite
 STOP_GRACE_S = 2.0  # a test server's time to exit on SIGTERM before its process group gets SIGKILL
 
 
+def group_gone(pgid: int, timeout_s: float = 10.0) -> None:
+    """Until no process of the group is left (its orphaned children are reaped shortly after the launcher)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"processes of group {pgid} outlived its launcher by {timeout_s} s"
+        time.sleep(0.1)
+
+
 def stop_all(servers: list[ServerProcess], grace_s: float = STOP_GRACE_S) -> None:
     """Stop test servers (their pools already back to empty, so nothing is left to drain): SIGTERM to every
     process group, one shared grace, then SIGKILL to every group, children included. SGLang's launcher answers

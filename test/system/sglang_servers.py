@@ -161,6 +161,15 @@ def used_tokens(server: ServerProcess) -> float:
     return value
 
 
+def wait_computing(prefill: ServerProcess, timeout_s: float = 60.0) -> None:
+    """Until P computes a prefix: its used-token gauge (SGLang sets it as it forms each prefill batch, so it counts
+    the rows of the chunks computed so far) is above 0."""
+    deadline = time.monotonic() + timeout_s
+    while not metric_sum(prefill, "sglang:num_used_tokens"):
+        assert time.monotonic() < deadline, f"P computed nothing within {timeout_s} s"
+        time.sleep(0.05)
+
+
 def settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
     """Each server's used tokens once all are 0 (or whatever they are after timeout_s)."""
     deadline = time.monotonic() + timeout_s

@@ -27,7 +27,8 @@ from sglang_asym.testing.server_process import post
 from . import faults
 from .faults import abort
 from .helpers import serving
-from .sglang_servers import metric_sum, patient_router, prompt_of, restore, settle, sglang_server, sglang_workspace
+from .sglang_servers import (metric_sum, patient_router, prompt_of, restore, settle, sglang_server, sglang_workspace,
+                             wait_computing)
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -95,14 +96,6 @@ def _wait_for_log(server, words: str, timeout_s: float, marker: str = HANDSHAKE_
         time.sleep(0.2)
 
 
-def _p_computing(prefill, timeout_s: float = 60.0) -> None:
-    """Until P computes a prefix: its used-token gauge (set as SGLang forms each prefill batch) is above 0."""
-    deadline = time.monotonic() + timeout_s
-    while not metric_sum(prefill, "sglang:num_used_tokens"):
-        assert time.monotonic() < deadline, f"P computed nothing within {timeout_s} s"
-        time.sleep(0.05)
-
-
 def test_a_failed_handshake_or_transfer_is_recomputed_on_d_and_equals_the_pair(pair):
     """The three failures at once (each waits out its own SGLang deadline: 15 handshake tries a second, or D's
     waiting timeout), after the same prompts through the pair one at a time."""
@@ -152,7 +145,7 @@ def test_a_request_its_client_aborts_is_not_recomputed(pair):
             if where == "D":  # inside SGLang's 15 s of handshake retries: it logs each failed fetch with the port
                 _wait_for_log(decode, f"port={routing['bootstrap_port']}", 60, BOOTSTRAP_FETCH_FAILED)
             else:
-                _p_computing(prefill)
+                wait_computing(prefill)
             # again until answered: an abort that reaches the worker before the request (the router's
             # dispatch is late on a loaded host) is dropped, and P computes this prefix for seconds
             while not answer.done():

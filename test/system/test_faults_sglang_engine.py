@@ -35,8 +35,8 @@ from sglang_asym.split import SplitPlan
 
 from . import faults
 from .faults import abort, first_event, health_generate, open_stream, read_stream, send_stream, wait_draining
-from .helpers import serving, stop_all
-from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server, used_tokens
+from .helpers import group_gone, serving, stop_all
+from .sglang_servers import broken, metric_sum, patient_router, prompt_of, settle, sglang_server, wait_computing
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -117,15 +117,12 @@ def engine(sglang_tiny_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
             stop_all([pair.prefill, pair.decode])  # the restarted ones (serving() stops the first two)
 
 
-LAST_CASE = "test_sigterm_drains_decode"  # leaves D exited on purpose: no case runs after it
-
-
 @pytest.fixture(autouse=True)
 def _pair_back_after_each_case(engine, request):
     """A case that left a worker dead or unhealthy, or the pools not empty, fails here, and the next case
     gets the pair restarted on its ports (the router's configuration holds)."""
     yield
-    if request.node.originalname == LAST_CASE:
+    if request.node.get_closest_marker("leaves_servers_stopped"):
         return
     problems = broken({"prefill": engine.prefill, "decode": engine.decode})
     if not problems:
@@ -196,15 +193,6 @@ def wait_mid_transfer(engine: EnginePair, shipped_before: float, request: concur
         time.sleep(0.05)
     assert 0 < shipped < whole and not request.done(), (shipped, whole)
     return shipped
-
-
-def p_computing(engine: EnginePair, timeout_s: float = 60.0) -> None:
-    """Until P is part way through a prompt's chunks: its used-token gauge (SGLang sets it as each prefill batch is
-    formed) counts the rows of the chunks it computed."""
-    deadline = time.monotonic() + timeout_s
-    while used_tokens(engine.prefill) == 0:
-        assert time.monotonic() < deadline, f"P computed no chunk within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def settled(engine: EnginePair) -> float:
@@ -467,7 +455,7 @@ def test_abort_on_one_worker_mid_transfer_fails_the_request_and_frees_both(engin
     served."""
     body = stream_body(EARLY_GONE_N, 20, f"abort-{side}")
     conn = send_stream(engine.router.url, body)
-    p_computing(engine)  # D holds the room's slots and waits for the rows
+    wait_computing(engine.prefill)  # D holds the room's slots and waits for the rows
     sent = time.monotonic()
     assert abort(getattr(engine, side).url, body["rid"]) == 200
     end = read_stream(conn.getresponse(), sent)
@@ -482,6 +470,7 @@ def test_abort_on_one_worker_mid_transfer_fails_the_request_and_frees_both(engin
            finish=reasons[-1] if reasons else None, used_tokens_zero_after_s=back_s)
 
 
+@pytest.mark.leaves_servers_stopped  # D stays down: the module's last case (file order)
 def test_sigterm_drains_decode(engine):
     """SIGTERM D with a stream decoding on it: that stream finishes whole, a new request fails clearly, D
     exits. The module's last case (this file's order): D stays down, and the module's teardown stops P (the
@@ -497,7 +486,7 @@ def test_sigterm_drains_decode(engine):
     conn.close()
     exit_code = engine.decode.proc.wait(DRAIN_EXIT_S)
     exited_s = time.monotonic() - term
-    _group_gone(engine.decode.proc.pid)  # its scheduler and detokenizer too: nothing of D outlives the drain
+    group_gone(engine.decode.proc.pid)  # its scheduler and detokenizer too: nothing of D outlives the drain
     assert status >= 500 and "error" in str(body) and refused_s < DEAD_ANSWER_S, (status, body)
     assert end.done and end.error is None and end.events[-1]["meta_info"]["completion_tokens"] == 80, end
     p_back = settle([engine.prefill], SETTLE_S)
@@ -507,14 +496,3 @@ def test_sigterm_drains_decode(engine):
            new_request_failed_after_s=round(refused_s, 3), in_flight_stream_finished_s=round(end.seconds, 3),
            exit_code=exit_code, exited_after_s=round(exited_s, 3), used_tokens_zero_after_s=p_back[0])
 
-
-def _group_gone(pgid: int, timeout_s: float = 10.0) -> None:
-    """Until no process of the group is left (its orphaned children are reaped shortly after the launcher)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        assert time.monotonic() < deadline, f"processes of group {pgid} outlived its launcher by {timeout_s} s"
-        time.sleep(0.1)
