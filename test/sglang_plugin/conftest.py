@@ -51,9 +51,10 @@ atexit.register(FORK_RUNNER.close)
 
 
 def run_python(args: list[str], timeout: float = 240, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Runs the project's Python in a process of its own with only this plugin allowed: a helper script through
-    the fork runner (script_runs.py), anything else, or a script that needs `extra_env`, as a fresh process."""
-    if args[0].endswith(".py") and not extra_env:
+    """Runs the project's Python in a process of its own with only this plugin allowed: a helper script or `-m
+    module` through the fork runner (script_runs.py); `-c` code, or anything that needs `extra_env`, as a fresh
+    process."""
+    if (args[0].endswith(".py") or args[0] == "-m") and not extra_env:
         return FORK_RUNNER.run(args, timeout)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                           env=python_env(extra_env), cwd=REPO)

@@ -1,12 +1,13 @@
 """Runs the plugin tests' helper scripts for `run_python` (conftest.py), each in a child forked from one process
 that has already imported what every one of them imports first.
 
-Every helper script here starts by importing torch, transformers and SGLang: about 5 s of CPU before its own
-work, paid again by each of the 15 scripts a run starts. This process pays it once per test process, then
-serves requests read from stdin, one JSON line each ({"argv": [script, *args], "cwd": ..., "stdout": path,
-"stderr": path}): it forks, and the child runs the script as `python script args...` would (`__name__ ==
-"__main__"`, sys.argv, the script's folder first on sys.path, stdout and stderr to the given files, stdin
-empty, the exit status of SystemExit or 1 after an uncaught exception). It answers {"pid": ...} at the fork
+Every helper script here, and `python -m sglang.launch_server`, starts by importing torch, transformers and
+SGLang: about 5 s of CPU before its own work, paid again by each of the 19 processes a run starts. This process pays it once per test process, then
+serves requests read from stdin, one JSON line each ({"argv": [script, *args] or ["-m", module, *args], "cwd":
+..., "stdout": path, "stderr": path}): it forks, and the child runs the script as `python script args...` (or
+`python -m module args...`) would (`__name__ == "__main__"`, sys.argv, the script's folder, or the working
+directory, first on sys.path, stdout and stderr to the given files, stdin empty, the exit status of SystemExit or
+1 after an uncaught exception). It answers {"pid": ...} at the fork
 and {"returncode": ...} when the child ends. The imports below start no thread (a fork copies one thread only),
 and SGLang reads its settings from the environment when it runs, not when it is imported. A script that needs
 other environment at import time (for example TRITON_INTERPRET) runs as a fresh process instead."""
@@ -46,11 +47,15 @@ def _child(request: dict, runner: int) -> None:
         for fd, key in ((1, "stdout"), (2, "stderr")):
             os.dup2(os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         os.chdir(request["cwd"])
-        script = os.path.abspath(request["argv"][0])
-        sys.argv = list(request["argv"])
-        sys.path[0] = os.path.dirname(script)
+        argv = list(request["argv"])
         try:
-            runpy.run_path(script, run_name="__main__")
+            if argv[0] == "-m":  # as `python -m module args...`: sys.argv[0] becomes the module's file
+                sys.argv, sys.path[0] = argv[1:], os.getcwd()
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                script = os.path.abspath(argv[0])
+                sys.argv, sys.path[0] = argv, os.path.dirname(script)
+                runpy.run_path(script, run_name="__main__")
             status = 0
         except SystemExit as exc:
             status = _exit_status(exc)

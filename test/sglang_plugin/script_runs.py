@@ -1,6 +1,6 @@
-"""How the plugin tests run Python in a process of its own: helper scripts through one fork runner per test
-process (fork_runner.py: the imports every script starts with are paid once), anything else (`-m`, `-c`, or
-extra environment read at import time) as a fresh interpreter."""
+"""How the plugin tests run Python in a process of its own: helper scripts and `-m` modules through one fork
+runner per test process (fork_runner.py: the imports every one of them starts with are paid once), anything else
+(`-c` code, or extra environment read at import time) as a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class ForkRunner:
         return json.loads(line)
 
     def run(self, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-        """`python *args` (args[0] a script) as a forked child: its exit status, stdout and stderr."""
+        """`python *args` (a script or `-m module`, then its arguments) as a forked child: its exit status, stdout and
+        stderr."""
         with self._lock, tempfile.TemporaryDirectory(prefix="script-run-") as work:
             out, err = Path(work, "stdout"), Path(work, "stderr")
             proc = self._started()
