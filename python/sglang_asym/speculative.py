@@ -122,15 +122,6 @@ class SpecRequest:
         return self.cache.pos
 
 
-def start_request(drafter: Drafter, cache: RequestCache, first_token: int, captured: Mapping[int, torch.Tensor],
-                  first_pos: int) -> SpecRequest:
-    """After the forward that produced the first token's logits (prefill or the window step, run with
-    capture=drafter.feature_layers over positions [first_pos, cache.pos)): a request ready to draft."""
-    state = drafter.new_state()
-    drafter.observe(state, captured, first_pos)
-    return SpecRequest(cache, state, int(first_token))
-
-
 def prefill_for_drafting(target: V41Model, drafter: Drafter, cache: RequestCache, tokens: torch.Tensor,
                          chunk: int | None = None) -> tuple[torch.Tensor, Any]:
     """steps.prefill (whole, or in chunks of `chunk` tokens) that also feeds every forward's features to a

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 from .config import V41Config
 
-STORAGE_KINDS = ("fp8", "fp4", "bf16", "fp32")
-
 
 @dataclass(frozen=True)
 class TensorSpec:

@@ -1,14 +1,11 @@
-"""`python -m sglang_asym.verify`: run the split (prefill-role model -> payload -> decode-role model)
-and the single-process reference of the same semantics on a random prompt, print ONE JSON object.
+"""Run the split (prefill-role model -> payload -> decode-role model) and the single-process reference of
+the same semantics on a random prompt; `verify` returns what both produced as one dict.
 
 The prefill role is a separate model instance holding only its tensors; only the payload
 manifest's rows pass from it to the decode role."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from dataclasses import dataclass
 
@@ -17,8 +14,7 @@ import torch
 from .asym import run_prefix, run_reference, run_window
 from .cache import CacheSizing
 from .checkpoint.random_init import random_weights
-from .config import DEFAULT_WINDOW, V41Config
-from .formats import CACHE_QUANT_MODES
+from .config import V41Config
 from .model import V41Model
 from .model.steps import greedy_continue
 from .split import Semantics, SplitPlan
@@ -99,31 +95,3 @@ def verify(models: Models, prompt: torch.Tensor, window: int, semantics: str, ne
         "decode_seconds": round(t2 - t1, 3),
     }
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_asym.verify", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=["tiny", "small"], required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompt-len", type=int, required=True)
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW)
-    parser.add_argument("--semantics", default=Semantics.ASYM_EXACT_ENCODER.value,
-                        choices=[s.value for s in Semantics])
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--cache-quant", choices=list(CACHE_QUANT_MODES), default="none")
-    args = parser.parse_args(argv)
-    if args.new_tokens < 1:
-        parser.error("--new-tokens must be at least 1")
-    cfg = V41Config.preset(args.config)
-    try:
-        SplitPlan(cfg, args.prompt_len, args.window, args.semantics).require_splittable()
-    except ValueError as exc:
-        parser.error(str(exc))
-    models = Models.build(cfg, args.seed, args.cache_quant)
-    result = verify(models, random_prompt(cfg, args.prompt_len, args.seed), args.window, args.semantics,
-                    args.new_tokens)
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,6 @@ from sglang_asym.checkpoint import (
     CheckpointReader,
     encode_for_disk,
     load_weights,
-    load_weights_with_stats,
     random_tensor,
     random_weights,
     write_checkpoint,
@@ -44,7 +43,8 @@ def test_single_file_round_trip_equals_random_weights(tmp_path, tiny_cfg, precis
 
 
 def test_sharded_release_round_trip(tiny_release_sharded, tiny_cfg):
-    loaded, stats = load_weights_with_stats(tiny_release_sharded, progress=False)
+    reader = CheckpointReader(tiny_release_sharded)
+    loaded, stats = reader.load(progress=False), reader.stats
     assert_same_tensors(loaded, random_weights(tiny_cfg, SEED, precision="release"))
     specs = backbone_tensor_specs(tiny_cfg)
     quantized = [s for s in specs if s.kind in ("fp8", "fp4")]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_asym.cache import KIND_FORMATS, GroupId, GroupKind, cache_group, parse_group
-from sglang_asym.cache.groups import row_count, ships_at_end, streams
+from sglang_asym.cache.groups import row_count
 from sglang_asym.config import V41Config
 from sglang_asym.split import SplitPlan
 
@@ -51,6 +51,18 @@ def test_kind_table_gives_the_manifest_row_bytes():
     assert all(g.row_bytes == parse_group(g.name).row_bytes(cfg, "release", torch.float32) for g in manifest.groups)
     with pytest.raises(ValueError, match="row format must be one of"):
         GroupId(GroupKind.KV, 2).row_bytes(cfg, "fp8", torch.bfloat16)
+
+
+def streams(name: str) -> bool:
+    """A cache group whose rows ship chunk by chunk (kv, index)."""
+    group = cache_group(name)
+    return group is not None and group.kind.streams
+
+
+def ships_at_end(name: str) -> bool:
+    """A cache group whose rows ship once the prefix is done (swa, tail); aux rows are neither."""
+    group = cache_group(name)
+    return group is not None and not group.kind.streams
 
 
 def test_what_ships_when_and_row_counts():

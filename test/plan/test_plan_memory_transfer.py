@@ -11,7 +11,8 @@ from sglang_asym.config import V41Config
 from sglang_asym.split import SplitPlan
 from sglang_asym.plan.errors import PlanInputError
 from sglang_asym.plan.gpus import gpu
-from sglang_asym.plan.memory import min_replica_gpus, replica_fit, request_kv_bytes, role_weight_bytes
+from sglang_asym.plan.memory import min_replica_gpus, replica_fit, request_kv_bytes
+from sglang_asym.plan.replica_layout import resident_role, resident_weight_bytes
 from sglang_asym.plan.steptime import Role
 from sglang_asym.plan.transfer_model import Link, Mode, exposed_transfer_s, payload_bytes
 
@@ -20,7 +21,7 @@ FOOTPRINT = Path(__file__).resolve().parents[2] / "benchmark" / "results" / "foo
 
 def test_role_weights_equal_footprint() -> None:
     fit = json.loads(FOOTPRINT.read_text())["fit"]
-    weights = role_weight_bytes()
+    weights = {role: resident_weight_bytes()[resident_role(role)] for role in Role}  # what each role keeps loaded
     assert weights[Role.ASYM_P] == fit["prefill_replica"]["weight_bytes_on_gpu"] == 149519555808
     # RFC #57738's draft keeps the full model loaded on P; a bounded-replay P is a full replica
     assert weights[Role.FULL] == weights[Role.RFC_P] == weights[Role.SYM_P] == \

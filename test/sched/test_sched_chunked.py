@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sched_bounds import max_admission_delay_steps, max_rows_per_step, min_chunk_rows
 from sched_strategies import configs, operations, sched_settings
 from sglang_asym.sched import (
     AdmitReason,
@@ -17,9 +18,6 @@ from sglang_asym.sched import (
     Scheduler,
     SchedulerConfig,
     WaitingRequest,
-    max_admission_delay_steps,
-    max_rows_per_step,
-    min_chunk_rows,
     plan_step,
 )
 

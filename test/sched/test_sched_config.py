@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from sched_bounds import max_admission_delay_steps, max_rows_per_step
 from sglang_asym.sched import (
     AdmitPolicy,
     InvalidRequestError,
     RunningRequest,
     SchedulerConfig,
     WaitingRequest,
-    max_admission_delay_steps,
-    max_rows_per_step,
 )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sched_bounds import max_rows_per_step
 from sched_strategies import configs, sched_settings, step_states
-from sglang_asym.sched import AdmitReason, StepShape, max_rows_per_step, plan_step
+from sglang_asym.sched import AdmitReason, StepShape, plan_step
 
 SETTINGS = sched_settings(400)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sched_bounds import max_admission_delay_steps
 from sglang_asym.sched import (
     AdmitReason,
     InvalidRequestError,
@@ -12,7 +13,6 @@ from sglang_asym.sched import (
     Scheduler,
     SchedulerConfig,
     UnknownRequestError,
-    max_admission_delay_steps,
 )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sched_bounds import max_admission_delay_steps, max_rows_per_step
 from sched_strategies import configs, operations, sched_settings
 from sglang_asym.sched import (
     AdmitPolicy,
@@ -14,8 +15,6 @@ from sglang_asym.sched import (
     RunningRequest,
     Scheduler,
     SchedulerConfig,
-    max_admission_delay_steps,
-    max_rows_per_step,
 )
 
 

@@ -34,7 +34,7 @@ def cases() -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_on_cpu import sglang_cpu_context
 
     with sglang_cpu_context():
         from sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache import store_fp4_index_k_cache

@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from meta_model import released_tensor_names
 from sglang_asym.config import V41Config
-from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
-from sglang_asym.sglang_plugin.shared.weight_names import released_tensor_names
+from sglang_on_cpu import build_kv_pool, pool_buffer_layout, sglang_cpu_context
 
 KV_LAYOUTS = ("v41", "v4")
 
@@ -200,7 +200,6 @@ def inspect(cfg: V41Config, quantized: bool) -> dict:
         import sglang
         from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 
-        from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool, pool_buffer_layout
         from meta_model import build_meta_model, parameter_table
 
         start = time.perf_counter()

@@ -3,7 +3,7 @@
 Used to read SGLang's parameter names and shapes for a V4.1 config, and to load checkpoints through
 SGLang's own `load_weights` (the weight loader runs on CPU); nothing here can run a forward (the V4
 KV-store and mHC kernels are Triton/CUDA only). With a `PrefillRole` the model is the prefill role's
-truncation (prefill_model.py). Needs `sglang_cpu_context()` around it. CPU-only adjustments, scoped
+truncation (prefill/model.py). Needs `sglang_cpu_context()` (sglang_on_cpu.py) around it. CPU-only adjustments, scoped
 by `cpu_adjustments()`:
 - the rope factory's device lookup (`rope_variant.get_device`) raises without an accelerator;
   it is answered "cpu";
@@ -23,9 +23,9 @@ from typing import Any, Iterator
 import torch
 
 from sglang_asym.config import V41Config
-from sglang_asym.sglang_plugin.prefill.model import build_prefill_model
+from sglang_asym.sglang_plugin.prefill.model import install_prefill_loading, patched, truncated_construction
 from sglang_asym.sglang_plugin.prefill.role import PrefillRole
-from sglang_asym.sglang_plugin.shared.sglang_cpu import patched
+from sglang_asym.tensor_specs import backbone_tensor_specs
 
 # The released Flash config's `engram_vocab_size` (V41Config does not model it). Derived: SGLang
 # draws each Engram layer's 3 x 8 hash-table primes upward from this size, and their sums are
@@ -110,7 +110,9 @@ def build_model(cfg: V41Config, device: str = "meta", quantized: bool = True,
         with cpu_adjustments(), torch.device(device):
             if role is None:
                 return DeepseekV4ForCausalLM(hf, quant)
-            return build_prefill_model(DeepseekV4ForCausalLM, hf, quant, role)
+            with truncated_construction(role):
+                model = DeepseekV4ForCausalLM(hf, quant)
+            return install_prefill_loading(model, role)
     finally:
         torch.set_default_dtype(previous_dtype)
 
@@ -118,6 +120,17 @@ def build_model(cfg: V41Config, device: str = "meta", quantized: bool = True,
 def build_meta_model(cfg: V41Config, quantized: bool = True) -> torch.nn.Module:
     """SGLang's DeepseekV4ForCausalLM for `cfg` on the meta device (inside sglang_cpu_context)."""
     return build_model(cfg, "meta", quantized)
+
+
+def released_tensor_names(cfg: V41Config) -> list[str]:
+    """Backbone tensor names of the released checkpoint, with the `.scale` beside every quantized
+    weight (fp8 blocks and fp4 experts)."""
+    names: list[str] = []
+    for spec in backbone_tensor_specs(cfg):
+        names.append(spec.name)
+        if spec.kind in ("fp8", "fp4"):
+            names.append(spec.name.removesuffix(".weight") + ".scale")
+    return names
 
 
 def parameter_table(model: torch.nn.Module) -> list[ParamInfo]:

@@ -14,11 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from sglang_asym.cache.groups import parse_group
 from sglang_asym.split import SplitPlan
 from sglang_asym.sglang_plugin.shared.kv_pool import PAGE_SIZE, pool_row_format
 from sglang_asym.sglang_plugin.shared.pool_payload import (CONTIGUOUS, REQUEST_STATE, STATE, PoolEntry, PoolPayloadError,
-                                                           RequestPages, _entry_of_group, _page_of, group_rows,
-                                                           pool_entries, row_sites)
+                                                           RequestPages, _page_of, group_rows, pool_entries, row_sites)
 
 
 def write_payload(pool: Any, pages: RequestPages, split: SplitPlan, rows: dict[str, np.ndarray]) -> None:
@@ -63,6 +63,25 @@ class SendEntries:
     buffer_list: str
     entries: tuple[PoolEntry, ...]
     indices: tuple[int, ...]
+
+
+def _entry_of_group(pool: Any, group: str) -> PoolEntry:
+    gid = parse_group(group)
+    kind, layer = gid.kind.value, gid.layer
+    entries = pool_entries(pool)
+    if kind in ("kv", "index"):
+        ratio = pool.compression_ratios[layer]
+        name, listed = f"{kind}.c{ratio}.L{layer}", entries[CONTIGUOUS]
+    elif kind == "swa":
+        name, listed = f"swa.L{layer}", entries[STATE]
+    elif kind == "tail":
+        name, listed = f"pair_ring.L{layer}", entries[REQUEST_STATE]
+    else:
+        raise PoolPayloadError(f"manifest group {group!r} has no place in SGLang's pool")
+    for entry in listed:
+        if entry.name == name:
+            return entry
+    raise PoolPayloadError(f"SGLang's pool registers no buffer {name} for manifest group {group!r}")
 
 
 def asym_send_entries(pool: Any, pages: RequestPages, split: SplitPlan) -> tuple[SendEntries, ...]:

@@ -28,7 +28,7 @@ def main(rows: int, forward_log: str) -> None:
     from meta_model import build_model
     from sglang_asym.sglang_plugin.prefill.cut_hook import cut_of, install_prefill_cut
     from sglang_asym.sglang_plugin.prefill.role import PrefillRole
-    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_on_cpu import sglang_cpu_context
     from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
     cfg = sglang_small()

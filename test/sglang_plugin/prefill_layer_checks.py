@@ -74,7 +74,7 @@ def main(checkpoint: str, forward_log: str) -> None:
 
     from sglang_asym.config import V41Config
     from sglang_asym.sglang_plugin.shared.settings import AsymSettings, attach
-    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_on_cpu import sglang_cpu_context
 
     from sglang.srt.server_args import ServerArgs
 
@@ -97,7 +97,7 @@ def main(checkpoint: str, forward_log: str) -> None:
         from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (RECORDS, ReferenceForward,
                                                                               RequestRecord)
         from sglang_asym.sglang_plugin.cpu_platform.platform import AsymCpuPlatform
-        from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool
+        from sglang_on_cpu import build_kv_pool
         from sglang_asym.sglang_plugin.shared.pool_rows import PoolRows
 
         load_plugins()

@@ -79,7 +79,7 @@ def load(checkpoint: str) -> dict:
     `_initialize_model` (hooked), `DefaultModelLoader.load_weights_only` over SGLang's own file
     iterator; then every parameter compared with the checkpoint."""
     from sglang_asym.config import V41Config
-    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_on_cpu import sglang_cpu_context
 
     cfg = V41Config.from_json_file(checkpoint)
     with sglang_cpu_context():
@@ -343,7 +343,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     import payload_transfer as transfer
     from sglang_asym.sglang_plugin.shared import pool_payload as pp
     from sglang_asym.sglang_plugin.shared.kv_pool import row_format_of_layout
-    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_on_cpu import sglang_cpu_context
     from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
     from sglang_asym.split import SplitPlan
 
@@ -365,7 +365,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     with sglang_cpu_context():
         from sglang.srt.plugins import load_plugins
 
-        from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool
+        from sglang_on_cpu import build_kv_pool
 
         load_plugins()
         p_pool, d_pool = (build_kv_pool(cfg, full_tokens=2048, swa_tokens=1024, max_reqs=4, kv_layout=kv_layout)
@@ -454,7 +454,7 @@ def _speculative_decode_send(cfg, kv_layout, p_pool, p_pages, d_pages, split, co
 
     from sglang.srt.mem_cache import deepseek_v4_memory_pool as v4_pool
 
-    from sglang_asym.sglang_plugin.shared.kv_pool import build_kv_pool
+    from sglang_on_cpu import build_kv_pool
 
     with mock.patch.object(v4_pool, "resolve_compress_state_ring_size",
                            lambda ratio: v4_pool.get_compress_state_ring_size(ratio, 6)):
@@ -637,7 +637,7 @@ def weights(checkpoint: str) -> dict:
     model read from the checkpoint by the project's own reader."""
     from sglang_asym.config import V41Config
     from sglang_asym.model.loading import model_from_checkpoint
-    from sglang_asym.sglang_plugin.shared.sglang_cpu import sglang_cpu_context
+    from sglang_on_cpu import sglang_cpu_context
 
     cfg = V41Config.from_json_file(checkpoint)
     with sglang_cpu_context():

@@ -11,9 +11,10 @@ from sglang_asym.config import V41Config
 from sglang_asym.formats import row_bytes
 from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.prefill.role import PrefillRole
-from sglang_asym.sglang_plugin.shared.weight_names import LoadTarget, load_target, released_tensor_names, sglang_name
+from sglang_asym.sglang_plugin.shared.weight_names import LoadTarget, load_target, sglang_name
 
 from .conftest import REPO, run_python
+from .meta_model import released_tensor_names
 
 FLASH = V41Config.flash()
 

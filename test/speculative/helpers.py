@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Mapping
 
 import torch
 
 from model.helpers import build
 from sglang_asym.asym import run_prefix, run_reference, run_window
-from sglang_asym.cache import CacheSet, CacheSizing
+from sglang_asym.cache import CacheSet, CacheSizing, RequestCache
 from sglang_asym.model import V41Model
 from sglang_asym.model.dspark import DSparkDrafter, random_drafter_weights
 from sglang_asym.model.steps import greedy_continue
-from sglang_asym.speculative import GREEDY, Drafter, SpecRequest, generate, sample_token, start_request
+from sglang_asym.speculative import GREEDY, Drafter, SpecRequest, generate, sample_token
 from sglang_asym.split import SplitPlan
 
 SIZING = CacheSizing(max_requests=2, max_tokens=512)
 W = 128
 # The prompt lengths of the split acceptance list: no prefix, around the window edge, odd boundaries, long.
 SPLIT_LENGTHS = (1, 2, W - 1, W, W + 1, W + 2, 2 * W + 1, 1000, 4097)
+
+
+def start_request(drafter: Drafter, cache: RequestCache, first_token: int, captured: Mapping[int, torch.Tensor],
+                  first_pos: int) -> SpecRequest:
+    """After the forward that produced the first token's logits (prefill or the window step, run with
+    capture=drafter.feature_layers over positions [first_pos, cache.pos)): a request ready to draft."""
+    state = drafter.new_state()
+    drafter.observe(state, captured, first_pos)
+    return SpecRequest(cache, state, int(first_token))
 
 
 @lru_cache(maxsize=None)

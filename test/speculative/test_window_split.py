@@ -10,11 +10,11 @@ import pytest
 from model.helpers import build, prompt
 from sglang_asym.asym import run_prefix, run_window
 from sglang_asym.model.steps import greedy_continue
-from sglang_asym.speculative import GREEDY, generate, sample_token, start_request
+from sglang_asym.speculative import GREEDY, generate, sample_token
 from sglang_asym.split import SplitPlan
 
 from .doubles import TeacherDrafter
-from .helpers import SIZING, dspark, target
+from .helpers import SIZING, dspark, start_request, target
 
 NEW_TOKENS = 10
 

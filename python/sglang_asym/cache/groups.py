@@ -126,18 +126,6 @@ def parse_group(name: str) -> GroupId:
     return group
 
 
-def streams(name: str) -> bool:
-    """A cache group whose rows ship chunk by chunk (kv, index)."""
-    group = cache_group(name)
-    return group is not None and group.kind.streams
-
-
-def ships_at_end(name: str) -> bool:
-    """A cache group whose rows ship once the prefix is done (swa, tail); aux rows are neither."""
-    group = cache_group(name)
-    return group is not None and not group.kind.streams
-
-
 def row_count(name: str, rows: torch.Tensor) -> int:
     """Rows a group's tensor holds: a tail's [2, head_dim] (value, gate) is one row; names that are not
     cache groups count their first dimension."""

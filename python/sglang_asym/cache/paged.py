@@ -90,20 +90,6 @@ class PagedRows:
             written += take
             self.end += take
 
-    def reserve(self, n: int) -> None:
-        """Give rows [end, end + n) pages without writing them (a graph step scatters into them, then
-        `advance`s); `truncate(end)` frees the reserved pages again."""
-        page_rows = self.pool.spec.page_rows
-        need = -(-(self.end + n - self.base) // page_rows)
-        while len(self.pages) < need:
-            self.pages.append(self.pool.alloc(self.owner))
-
-    def advance(self, n: int) -> None:
-        """Count n rows written in place (into reserved pages) as stored."""
-        if self.end + n > self.base + len(self.pages) * self.pool.spec.page_rows:
-            raise RuntimeError(f"{self.pool.spec.name!r}: {n} rows past end {self.end} were never reserved")
-        self.end += n
-
     def read(self, start: int | None = None, end: int | None = None) -> torch.Tensor:
         start = self.start if start is None else start
         end = self.end if end is None else end

@@ -8,7 +8,7 @@
 
 from .errors import CheckpointError
 from .random_init import random_tensor, random_weights, snap_to_precision
-from .reader import CheckpointReader, LoadStats, load_weights, load_weights_with_stats, read_checkpoint_config
+from .reader import CheckpointReader, LoadStats, load_weights, read_checkpoint_config
 from .specs import PRECISIONS, checkpoint_tensor_specs, dspark_tensor_specs, engram_tensor_specs, scale_name
 from .tokenizer import write_tokenizer
 from .writer import WriteSummary, encode_for_disk, write_checkpoint
@@ -24,7 +24,6 @@ __all__ = [
     "encode_for_disk",
     "engram_tensor_specs",
     "load_weights",
-    "load_weights_with_stats",
     "random_tensor",
     "random_weights",
     "read_checkpoint_config",

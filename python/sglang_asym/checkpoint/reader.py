@@ -312,19 +312,3 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """Dequantized tensors of a checkpoint directory; see CheckpointReader.load."""
     return CheckpointReader(directory).load(names, role=role, dtype=dtype, progress=progress)
-
-
-def load_weights_with_stats(
-    directory: str | Path,
-    names: Iterable[str] | None = None,
-    dtype: torch.dtype = torch.float32,
-    *,
-    role: str | None = None,
-    progress: bool = True,
-) -> tuple[dict[str, torch.Tensor], LoadStats]:
-    reader = CheckpointReader(directory)
-    weights = reader.load(names, role=role, dtype=dtype, progress=progress)
-    stats = reader.stats
-    if stats is None:  # load() always sets it; keeps the return type exact
-        raise RuntimeError("checkpoint load finished without statistics")
-    return weights, stats

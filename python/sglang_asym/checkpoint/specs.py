@@ -5,7 +5,7 @@ The backbone comes from sglang_asym.tensor_specs; this module adds the Engram me
 at a given precision. Engram and DSpark shapes follow NVIDIA nemo-automodel's DeepSeek-V4.1 modules
 with the released config (read from their source and a meta-device build; see
 test/checkpoint/test_ckpt_specs.py).
-Storage kinds beyond tensor_specs.STORAGE_KINDS:
+Storage kinds beyond the backbone's four (tensor_specs.py):
   fp8_rows  Engram tables: E4M3 with one e8m0 scale per row and 32 columns
 """
 

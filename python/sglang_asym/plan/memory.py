@@ -11,24 +11,16 @@ the compressor tails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from ..config import V41Config
 from ..footprint import FitAssumptions, compressor_tail_bytes, global_kv_bytes_per_token, swa_row_bytes
 from .errors import PlanInputError
 from .gpus import GpuSpec
-from .replica_layout import ReplicaLayout, resident_role, resident_weight_bytes
+from .replica_layout import ReplicaLayout
 from .steptime import Role
 from .transfer_model import layer_plan_of
 
 REPLICA_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # divisors of the 384 routed experts (even EP)
-
-
-@lru_cache(maxsize=4)
-def role_weight_bytes(cfg: V41Config = V41Config()) -> dict[Role, int]:
-    """One copy of the weights each replica role keeps loaded (footprint's definition, byte for byte)."""
-    resident = resident_weight_bytes(cfg)
-    return {role: resident[resident_role(role)] for role in Role if role is not Role.LATE}
 
 
 def request_kv_bytes(role: Role, context_tokens: int, cfg: V41Config = V41Config()) -> float:

@@ -32,7 +32,7 @@ from .gpus import GpuSpec
 from .layout import LayoutError, Placement, ServingUnit, dry_run
 from .memory import REPLICA_SIZES, min_replica_gpus, replica_fit
 from .share import prefill_share
-from .sim import ClusterConfig, Slo, poisson_requests, prefill_role_of, simulate
+from .sim import ClusterConfig, Slo, check_rate, poisson_requests, prefill_role_of, simulate
 from .steptime import Role
 from .transfer_model import Link, Mode, payload_bytes
 from .workload import Workload
@@ -164,9 +164,7 @@ def plan(workload: Workload, rate_rps: float, slo: Slo, gpu: GpuSpec, mode: Mode
     calibrated = load_efficiency(gpu.name, options.calibration) if options.efficiency is None else \
         Calibrated(options.efficiency, "given by the caller")
     options = replace(options, efficiency=calibrated.efficiency)
-    if isinstance(rate_rps, bool) or not isinstance(rate_rps, (int, float)) or not math.isfinite(rate_rps) \
-            or rate_rps <= 0:
-        raise PlanInputError(f"request rate must be a finite number > 0 req/s, got {rate_rps!r}")
+    check_rate(rate_rps)
     domain = options.domain_gpus or gpu.domain_gpus
     st = _stats(workload, options)
     context = int(st["mean_prompt"] + st["mean_output"] / 2)  # a running request's mean context

@@ -532,11 +532,16 @@ def simulate(cfg: ClusterConfig, requests: Sequence[SimRequest], slo: Slo, progr
     return Simulator(cfg, progress=progress).run(requests, slo, warmup_s=warmup_s)
 
 
-def poisson_requests(workload_pairs: Sequence[tuple[int, int]], rate_rps: float, seed: int) -> list[SimRequest]:
-    """Requests with the given (prompt, output) lengths arriving as a Poisson process of `rate_rps`."""
+def check_rate(rate_rps: object) -> None:
+    """Refuses a request rate that is not a finite number > 0 (the planner's and the simulator's input)."""
     if isinstance(rate_rps, bool) or not isinstance(rate_rps, (int, float)) or not math.isfinite(rate_rps) \
             or rate_rps <= 0:
         raise PlanInputError(f"request rate must be a finite number > 0 req/s, got {rate_rps!r}")
+
+
+def poisson_requests(workload_pairs: Sequence[tuple[int, int]], rate_rps: float, seed: int) -> list[SimRequest]:
+    """Requests with the given (prompt, output) lengths arriving as a Poisson process of `rate_rps`."""
+    check_rate(rate_rps)
     rng = np.random.default_rng(seed)
     t, out = 0.0, []
     for i, (prompt, output) in enumerate(workload_pairs):

@@ -1,6 +1,5 @@
 """Decode-worker step scheduling: window admission under a token budget, decode never starved."""
 
-from .bounds import max_admission_delay_steps, max_rows_per_step, min_chunk_rows
 from .config import MAX_DRAFT_TOKENS, AdmitPolicy, SchedulerConfig
 from .plan import AdmissionDecision, AdmitReason, StepPlan, StepShape, plan_step
 from .request_views import InvalidRequestError, RunningRequest, WaitingRequest
@@ -20,8 +19,5 @@ __all__ = [
     "StepShape",
     "UnknownRequestError",
     "WaitingRequest",
-    "max_admission_delay_steps",
-    "max_rows_per_step",
-    "min_chunk_rows",
     "plan_step",
 ]

@@ -50,13 +50,13 @@ that `sglang.launch_server` (run as __main__) holds.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Any, Callable
 
 from ..config import V41Config
 from .cpu_platform import import_gaps as cpu_import_gaps
+from .cpu_platform.cpu_patch import register_missing
 from .cpu_platform.engine_mode import CHILD_FLAG, cpu_engine_selected
 from .cpu_platform.server_defaults import prefill_environment
 from .cpu_platform.startup import STARTUP_GAPS
@@ -84,8 +84,6 @@ TOKENIZER_ROLE = "tokenizer"  # the launcher process: HTTP front and tokenizer m
 MOONCAKE_PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
 ENTRY_POINT_NAME = "sglang_asym"  # in the entry-point group `sglang.srt.plugins` (pyproject.toml)
 DIST_NAME = "sglang-asym"
-
-log = logging.getLogger(__name__)
 
 
 def after_add_cli_args(result: Any, parser: Any) -> None:
@@ -198,13 +196,7 @@ def register_hooks() -> None:
 
 def register_scheduler_hooks() -> None:
     """Registers scheduler_hook_table() without applying it. Idempotent."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
-
-    from .cpu_platform.cpu_patch import is_registered
-
-    for target, hook, hook_type in scheduler_hook_table():
-        if not is_registered(target, hook):
-            HookRegistry.register(target, hook, HookType[hook_type], source=HookSource(ENTRY_POINT_NAME, DIST_NAME))
+    register_missing(scheduler_hook_table(), source=(ENTRY_POINT_NAME, DIST_NAME))
 
 
 def install_scheduler_hooks() -> None:

@@ -18,7 +18,6 @@ forward (`reference_forward.py`). `--speculative-algorithm DSPARK` runs the plat
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 import torch
@@ -26,9 +25,6 @@ import torch
 from sglang.srt.platforms.cpu import CpuDeviceMixin
 from sglang.srt.platforms.device_mixin import PlatformEnum
 from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
-
-
-log = logging.getLogger(__name__)
 
 SPECULATIVE_ALGORITHM = "DSPARK"  # the one speculative algorithm the CPU engine serves (greedy requests)
 

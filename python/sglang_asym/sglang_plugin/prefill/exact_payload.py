@@ -276,10 +276,6 @@ def exact_manager_class() -> type:
             with state.lock:
                 return state.bytes_sent
 
-        def asym_open_rooms(self) -> int:
-            with self._asym_lock:
-                return len(self._asym_rooms)
-
         def transfer_worker(self, queue: Any, *args: Any, **kwargs: Any) -> Any:
             return super().transfer_worker(_ChunkTrackingQueue(queue, self._asym_local), *args, **kwargs)
 

@@ -29,7 +29,6 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from .role import PrefillRole
-from ..shared.sglang_cpu import patched
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +50,17 @@ class PrefillLoadStats:
 
 def role_of(model: Any) -> PrefillRole | None:
     return getattr(model, ROLE_ATTR, None)
+
+
+@contextlib.contextmanager
+def patched(module: object, name: str, value: object) -> Iterator[None]:
+    """Temporarily rebinds `module.name` (restored on exit, also on error)."""
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
 def _no_lm_head(*args: Any, **kwargs: Any) -> torch.nn.Module:
@@ -187,10 +197,3 @@ def install_prefill_loading(model: Any, role: PrefillRole) -> Any:
     model.load_weights = load_weights
     model.post_load_weights = post_load_weights
     return model
-
-
-def build_prefill_model(model_class: type, hf_config: Any, quant_config: Any, role: PrefillRole) -> Any:
-    """`model_class(hf_config, quant_config)` truncated to `role`, ready for `load_weights`."""
-    with truncated_construction(role):
-        model = model_class(hf_config, quant_config)
-    return install_prefill_loading(model, role)

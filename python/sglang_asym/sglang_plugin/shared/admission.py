@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, AsyncIterator, Callable
 
+from ..cpu_platform.cpu_patch import register_missing
 from .admission_check import AsymAdmissionError, refusal_of
 from .relayed_refusal import REFUSED_MESSAGE
 
@@ -521,10 +522,4 @@ def launcher_hooks() -> tuple[tuple[str, Callable, str], ...]:
 def register_admission() -> None:
     """Registers launcher_hooks() without applying them (the drain refusal applies them with its own
     hooks on the same generate_request, which SGLang's registry patches once). Idempotent."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from ..cpu_platform.cpu_patch import is_registered
-
-    for target, hook, kind in launcher_hooks():
-        if not is_registered(target, hook):
-            HookRegistry.register(target, hook, HookType[kind])
+    register_missing(launcher_hooks())

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..cpu_platform.cpu_patch import register_missing
+
 INIT_REQ_STATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._init_req_state"
 PROMPT_LOGPROBS_MESSAGE = ("sglang-asym: prompt logprobs (logprob_start_len >= 0, or an OpenAI completion with echo "
                            "and logprobs) are not available in the asymmetric modes: the prefill role computes "
@@ -147,8 +149,4 @@ def around_init_req_state(original: Callable, manager: Any, obj: Any, *args: Any
 
 
 def install_admission_check() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    if INIT_REQ_STATE not in HookRegistry._patched:
-        HookRegistry.register(INIT_REQ_STATE, around_init_req_state, HookType.AROUND)
-        HookRegistry.apply_hooks()
+    register_missing(((INIT_REQ_STATE, around_init_req_state, "AROUND"),), apply=True)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from ..cpu_platform.cpu_patch import register_missing
+
 log = logging.getLogger(__name__)
 
 GENERATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
@@ -58,11 +60,5 @@ def around_force_exit_handler(original: Callable, manager: Any, *args: Any, **kw
 
 
 def install_drain_refusal() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    hooks = ((GENERATE_REQUEST, around_generate_request), (FORCE_EXIT_HANDLER, around_force_exit_handler))
-    missing = [(target, hook) for target, hook in hooks if target not in HookRegistry._patched]
-    for target, hook in missing:
-        HookRegistry.register(target, hook, HookType.AROUND)
-    if missing:
-        HookRegistry.apply_hooks()
+    register_missing(((GENERATE_REQUEST, around_generate_request, "AROUND"),
+                      (FORCE_EXIT_HANDLER, around_force_exit_handler, "AROUND")), apply=True)

@@ -62,7 +62,7 @@ class PoolEntry:
 
 
 def pool_entries(pool: Any) -> dict[str, tuple[PoolEntry, ...]]:
-    """SGLang's three registered buffer lists, in its order (see kv_pool.pool_buffer_layout)."""
+    """SGLang's three registered buffer lists, in its registration order."""
     contiguous = []
     for ratio, sources in pool.sources_by_ratio.items():
         contiguous += [(f"kv.c{ratio}.L{o}", o) for o in sources]
@@ -73,25 +73,6 @@ def pool_entries(pool: Any) -> dict[str, tuple[PoolEntry, ...]]:
         kind: tuple(PoolEntry(kind, i, layer, name) for i, (name, layer) in enumerate(entries))
         for kind, entries in ((CONTIGUOUS, contiguous), (STATE, state), (REQUEST_STATE, rings))
     }
-
-
-def _entry_of_group(pool: Any, group: str) -> PoolEntry:
-    gid = parse_group(group)
-    kind, layer = gid.kind.value, gid.layer
-    entries = pool_entries(pool)
-    if kind in ("kv", "index"):
-        ratio = pool.compression_ratios[layer]
-        name, listed = f"{kind}.c{ratio}.L{layer}", entries[CONTIGUOUS]
-    elif kind == "swa":
-        name, listed = f"swa.L{layer}", entries[STATE]
-    elif kind == "tail":
-        name, listed = f"pair_ring.L{layer}", entries[REQUEST_STATE]
-    else:
-        raise PoolPayloadError(f"manifest group {group!r} has no place in SGLang's pool")
-    for entry in listed:
-        if entry.name == name:
-            return entry
-    raise PoolPayloadError(f"SGLang's pool registers no buffer {name} for manifest group {group!r}")
 
 
 # ---- row sites ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import re
 from http import HTTPStatus
 from typing import Any, Callable
 
+from ..cpu_platform.cpu_patch import register_missing
 from .room_lifecycle import PREFILL_ABORT_WORDS
 
 HANDLE_ABORT = "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_abort_finish_reason"
@@ -100,10 +101,5 @@ def around_openai_error_response(original: Callable, serving: Any, message: str,
 
 def install_relayed_refusal() -> None:
     """Applies the hooks in this (launcher) process. Idempotent."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for target, hook in ((HANDLE_ABORT, around_handle_abort_finish_reason),
-                         (OPENAI_ERROR_RESPONSE, around_openai_error_response)):
-        if target not in HookRegistry._patched:
-            HookRegistry.register(target, hook, HookType.AROUND)
-    HookRegistry.apply_hooks()
+    register_missing(((HANDLE_ABORT, around_handle_abort_finish_reason, "AROUND"),
+                      (OPENAI_ERROR_RESPONSE, around_openai_error_response, "AROUND")), apply=True)

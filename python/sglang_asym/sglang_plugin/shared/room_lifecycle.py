@@ -54,6 +54,17 @@ DRAIN_WAIT_S, DRAIN_POLL_S = 30.0, 0.01  # an aborted room's in-flight writes: h
 ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it gave up (beyond SGLang's timeouts)
 
 
+def _remember(rooms: dict[int, float], reasons: dict[int, str], room: int, reason: str | None) -> None:
+    """Records `room` (and `reason`, when given) as of now, first forgetting the rooms older than ABANDONED_KEEP_S."""
+    now = time.monotonic()
+    for old in [r for r, at in rooms.items() if now - at > ABANDONED_KEEP_S]:
+        rooms.pop(old, None)
+        reasons.pop(old, None)
+    rooms[room] = now
+    if reason:
+        reasons[room] = reason
+
+
 class RoomLifecycleManager:
     """Mixin for a CommonKVManager subclass (P side)."""
 
@@ -73,13 +84,7 @@ class RoomLifecycleManager:
     def note_aborted(self, room: int, reason: str | None = None) -> None:
         """The room's request is aborted on P; `reason` (kept until the room's next request) replaces the
         Failed frame's default words."""
-        now = time.monotonic()
-        for old in [r for r, at in self._aborted_rooms.items() if now - at > ABANDONED_KEEP_S]:
-            self._aborted_rooms.pop(old, None)
-            self._abort_reasons.pop(old, None)
-        self._aborted_rooms[room] = now
-        if reason:
-            self._abort_reasons[room] = reason
+        _remember(self._aborted_rooms, self._abort_reasons, room, reason)
 
     def send_kv_status_message(self, targets: Any, bootstrap_room: int, status: Any, failure_reason: Any = None) -> Any:
         """A room whose request was aborted on P fails on D in words that say so (SGLang's several paths
@@ -113,13 +118,7 @@ class RoomLifecycleManager:
         return room in self._aborted_rooms and sender is not None and not sender._rows_queued
 
     def abandon_room(self, room: int, reason: str | None = None) -> None:
-        now = time.monotonic()
-        for old in [r for r, at in self._abandoned_rooms.items() if now - at > ABANDONED_KEEP_S]:
-            self._abandoned_rooms.pop(old, None)
-            self._abandon_reasons.pop(old, None)
-        self._abandoned_rooms[room] = now
-        if reason:
-            self._abandon_reasons[room] = reason
+        _remember(self._abandoned_rooms, self._abandon_reasons, room, reason)
 
     def _refuse_late_handshake(self, room: int) -> None:
         """D handshook for a room P already failed: tell D so now (bootstrap thread), keep nothing of it."""

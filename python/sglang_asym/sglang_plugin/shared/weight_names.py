@@ -22,9 +22,6 @@ import re
 from dataclasses import dataclass
 from typing import Collection
 
-from ...config import V41Config
-from ...tensor_specs import backbone_tensor_specs
-
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>.+)$")
 _EXPERT_PARAM = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
 _EXPERT_LEAF = {"weight": "weight", "weight_scale_inv": "weight_scale_inv"}
@@ -94,14 +91,3 @@ def load_target(name: str, params: Collection[str]) -> LoadTarget | None:
     if target.param not in params:
         raise KeyError(f"checkpoint tensor {name!r} maps to {target.param!r}, which the SGLang model does not have")
     return target
-
-
-def released_tensor_names(cfg: V41Config) -> list[str]:
-    """Backbone tensor names of the released checkpoint, with the `.scale` beside every quantized
-    weight (fp8 blocks and fp4 experts)."""
-    names: list[str] = []
-    for spec in backbone_tensor_specs(cfg):
-        names.append(spec.name)
-        if spec.kind in ("fp8", "fp4"):
-            names.append(spec.name.removesuffix(".weight") + ".scale")
-    return names

@@ -1,8 +1,8 @@
-"""Guarantees of the admission policies computed from a SchedulerConfig (what operators can rely on)."""
+"""The admission policies' guarantees computed from a SchedulerConfig: what the sched tests hold the scheduler to."""
 
 from __future__ import annotations
 
-from .config import AdmitPolicy, SchedulerConfig
+from sglang_asym.sched import AdmitPolicy, SchedulerConfig
 
 
 def max_rows_per_step(config: SchedulerConfig) -> int:
@@ -10,7 +10,7 @@ def max_rows_per_step(config: SchedulerConfig) -> int:
 
     Without an over-budget admission a step stays within token_budget. An aged (or unopposed) head is
     admitted alone, next to at most max_running - 1 running requests of verify_width rows each.
-    Chunked windows never go over the budget (see plan.py).
+    Chunked windows never go over the budget (see sched/plan.py).
     """
     if config.policy is not AdmitPolicy.BUDGET:
         raise ValueError(f"max_rows_per_step covers the budget policy only, not {config.policy.value!r}")
