@@ -1,4 +1,4 @@
-"""The admission checks that import SGLang's tokenizer manager, HTTP front and PD code, run in a fresh process
+"""The admission checks that import SGLang's tokenizer manager, HTTP front and PD code, run in a process of its own
 with the CPU import stand-ins by test_admission.py. Prints `REPORT <names of the checks that passed>`.
 
     python test/sglang_plugin/admission_checks.py

@@ -1,5 +1,5 @@
 """The stand-in for SGLang's TokenizerManager that the admission gate's tests drive (test_admission.py in
-pytest, admission_checks.py in a fresh process)."""
+pytest, admission_checks.py in a process of its own)."""
 
 
 class RecordingManager:

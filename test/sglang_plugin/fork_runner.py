@@ -2,15 +2,16 @@
 that has already imported what every one of them imports first.
 
 Every helper script here, and `python -m sglang.launch_server`, starts by importing torch, transformers and
-SGLang: about 5 s of CPU before its own work, paid again by each of the 19 processes a run starts. This process pays it once per test process, then
-serves requests read from stdin, one JSON line each ({"argv": [script, *args] or ["-m", module, *args], "cwd":
-..., "stdout": path, "stderr": path}): it forks, and the child runs the script as `python script args...` (or
-`python -m module args...`) would (`__name__ == "__main__"`, sys.argv, the script's folder, or the working
-directory, first on sys.path, stdout and stderr to the given files, stdin empty, the exit status of SystemExit or
-1 after an uncaught exception). It answers {"pid": ...} at the fork
-and {"returncode": ...} when the child ends. The imports below start no thread (a fork copies one thread only),
-and SGLang reads its settings from the environment when it runs, not when it is imported. A script that needs
-other environment at import time (for example TRITON_INTERPRET) runs as a fresh process instead."""
+SGLang: about 5 s of CPU before its own work, paid again by each of the 19 processes a run starts. This process
+pays it once per test process, then serves requests read from stdin, one JSON line each ({"argv": [script,
+*args] or ["-m", module, *args], "cwd": ..., "stdout": path, "stderr": path}): it forks, and the child runs the
+script as `python script args...` (or `python -m module args...`) would (`__name__ == "__main__"`, sys.argv, the
+script's folder, or the working directory, first on sys.path, stdout and stderr to the given files, stdin empty,
+the exit status of SystemExit or 1 after an uncaught exception). It answers {"pid": ...} at the fork and
+{"returncode": ...} when the child ends. The imports below start no thread (a fork copies one thread only), load
+no plugin and apply no hook, and SGLang reads its settings from the environment when it runs, not when it is
+imported. A script that needs other environment at import time (for example TRITON_INTERPRET) runs as a fresh
+process instead."""
 
 from __future__ import annotations
 

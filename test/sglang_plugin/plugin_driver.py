@@ -1,4 +1,4 @@
-"""Run in a fresh process by test_plugin_process.py: loads plugins the way SGLang's launcher does,
+"""Run in a process of its own by test_plugin_process.py: loads plugins the way SGLang's launcher does,
 then parses command lines with the (hooked) prepare_server_args and prints what came out as JSON.
 
     python test/sglang_plugin/plugin_driver.py V41_CHECKPOINT_DIR LLAMA_CHECKPOINT_DIR

@@ -1,6 +1,6 @@
 """P's forward through SGLang's own model loop with the reference model's blocks as its layers (cpu_platform/
 reference_layer.py) against today's whole-forward reference (reference_forward.py), over two SGLang pools, in a
-fresh process (SGLang's parallel state owns torch.distributed). Prints one line `REPORT <json>` with raw facts.
+process of its own (SGLang's parallel state owns torch.distributed). Prints one line `REPORT <json>` with raw facts.
 
     python test/sglang_plugin/prefill_layer_checks.py CHECKPOINT_DIR FORWARD_LOG
 

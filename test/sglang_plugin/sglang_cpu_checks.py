@@ -1,4 +1,4 @@
-"""Checks that need SGLang's model or pools built on CPU, run in a fresh process (SGLang's parallel
+"""Checks that need SGLang's model or pools built on CPU, run in a process of its own (SGLang's parallel
 state owns torch.distributed for the process) by the tests beside this file. Each prints one line
 `REPORT <json>` with raw facts; the tests assert on them.
 

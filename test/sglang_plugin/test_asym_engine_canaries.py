@@ -1,7 +1,7 @@
 """Canaries of the asymmetric modes inside SGLang's engine: every scheduler hook target and every piece of
 SGLang 0.5.23 code the hooks rely on (asym_decode.py, window_batch.py, prefill_zero.py,
 decode_destinations.py, room_lifecycle.py, drain.py, transfer_fallback.py), exactly as pinned, checked in a
-fresh process with the CPU import stand-ins; and an asymmetric scheduler's publish applies every hook."""
+process of its own with the CPU import stand-ins; and an asymmetric scheduler's publish applies every hook."""
 
 import json
 from pathlib import Path

@@ -1,5 +1,5 @@
 """Canaries of SGLang's own engine on CPU: every symbol cpu_patches.py changes, exactly as the pinned SGLang
-0.5.23 has it, applied in a fresh process (the modules need the CPU import stand-ins); the platform's entry
+0.5.23 has it, applied in a process of its own (the modules need the CPU import stand-ins); the platform's entry
 point and class; and the reference model recovered from SGLang's loaded parameters equals the checkpoint."""
 
 import json

@@ -1,4 +1,4 @@
-"""The plugin as SGLang loads it: through its entry point, in fresh processes."""
+"""The plugin as SGLang loads it: through its entry point, each run in a process of its own."""
 
 import json
 

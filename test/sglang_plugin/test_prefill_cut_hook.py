@@ -1,4 +1,4 @@
-"""P's cut inside SGLang's own DeepseekV4Model loop, on CPU (prefill_cut_checks.py runs it in a fresh process):
+"""P's cut inside SGLang's own DeepseekV4Model loop, on CPU (prefill_cut_checks.py runs it in a process of its own):
 SGLang's causal-LM forward, `_forward_impl` and its non-CUDA layer loop run layers 0..L-1 (20 of the 40-layer
 config), layer L's input is SGLang's mHC combine (its Triton kernel under Triton's CPU interpreter) of the loop's
 final state, its KV path is one `forward_low_ratio_sources(q_lora=None, run_indexer=False)` on layer L's

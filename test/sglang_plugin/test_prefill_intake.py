@@ -1,7 +1,7 @@
 """The asym-prefill intake cut (prefill_cut.py and its hook on SGLang's `PrefillBootstrapQueue.add`).
 
 Pure logic against the core's SplitPlan in this process; the hook on SGLang's own queue, Req and fake
-transfer sender in a fresh process (sglang_cpu_checks.py intake), where an asymmetric scheduler's
+transfer sender in a process of its own (sglang_cpu_checks.py intake), where an asymmetric scheduler's
 publish installs it."""
 
 import json

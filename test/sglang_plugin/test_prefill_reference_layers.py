@@ -1,5 +1,5 @@
 """P's forward on CPU through SGLang's own model loop (cpu_platform/reference_layer.py; prefill_layer_checks.py runs it
-in a fresh process, no servers): SGLang's causal-LM forward with P's cut, the reference model's block as each of
+in a process of its own, no servers): SGLang's causal-LM forward with P's cut, the reference model's block as each of
 layers 0..19, layer 20's KV path through SGLang's attention backend, writes the same pool as today's whole-forward
 reference (reference_forward.py) for prompts of N = 129, 300 and 1000 (P's prefix in SGLang's 512-token chunks),
 two requests in one batch, and two requests with --enable-deterministic-inference: every byte of every pool

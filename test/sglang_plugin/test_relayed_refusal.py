@@ -1,7 +1,7 @@
 """relayed_refusal.py and prefill/refusal.py: P's refusal reaches D in words that carry P's status (on the recording
 stand-in for SGLang's manager of test_room_lifecycle.py), and D's tokenizer manager answers the abort its decode
 queue makes of them with that status and P's words, as a ValueError on a stream too (SGLang's own
-_handle_abort_finish_reason, in a fresh process); a failure of P's own stays SGLang's 500."""
+_handle_abort_finish_reason, in a process of its own); a failure of P's own stays SGLang's 500."""
 
 from __future__ import annotations
 

@@ -97,32 +97,31 @@ def _wait_for_log(server, words: str, timeout_s: float, marker: str = HANDSHAKE_
 
 
 def test_a_failed_handshake_or_transfer_is_recomputed_on_d_and_equals_the_pair(pair):
-    """The three failures at once (each waits out its own SGLang deadline: 15 handshake tries a second, or D's
-    waiting timeout), after the same prompts through the pair one at a time."""
+    """One failure at a time: two recomputes on D at once would share its forwards, and this pair (not in
+    deterministic mode) may then give other greedy tokens than each alone (seen once at N = 100's eleventh
+    token when the three were sent together)."""
     prefill, decode = pair["prefill"], pair["decode"]
     assert (metric_sum(decode, FALLBACK_COUNTER) or 0.0) == 0.0
     cases = [("P unreachable", 300, pick_free_port()), ("P unreachable", 100, pick_free_port()),
              ("P never given the room", 400, prefill.bootstrap_port)]
+    facts = []
     router = pair["router"]
-    expected = [_generate(router.url, prompt_of(n)) for _, n, _ in cases]
-    assert [len(tokens) for tokens, _ in expected] == [NEW] * len(cases)
-    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
-        fallbacks = [pool.submit(_generate, decode.url, prompt_of(n), bootstrap_host="127.0.0.1",
-                                 bootstrap_port=bootstrap_port, bootstrap_room=7000 + i)
-                     for i, (_, n, bootstrap_port) in enumerate(cases)]
-        got = [f.result(timeout=300) for f in fallbacks]
-    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected], cases
-    assert metric_sum(decode, FALLBACK_COUNTER) == float(len(cases))
-    facts = [{"failure": what, "prompt_tokens": n, "boundary": max(n - WINDOW, 0), "pair_s": round(pair_s, 2),
-              "fallback_s": round(fallback_s, 2)}
-             for (what, n, _), (_, pair_s), (_, fallback_s) in zip(cases, expected, got)]
+    for i, (what, n, bootstrap_port) in enumerate(cases):
+        prompt = prompt_of(n)
+        expected, pair_s = _generate(router.url, prompt)
+        assert len(expected) == NEW
+        routing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": 7000 + i}
+        got, fallback_s = _generate(decode.url, prompt, **routing)
+        assert got == expected, (what, n)
+        assert metric_sum(decode, FALLBACK_COUNTER) == float(i + 1)
+        facts.append({"failure": what, "prompt_tokens": n, "boundary": max(n - WINDOW, 0),
+                      "pair_s": round(pair_s, 2), "fallback_s": round(fallback_s, 2)})
     log = decode.log.read_text(errors="replace")
     assert log.count(FALLBACK_LINE) == len(cases)
-    computed = [(int(b), float(s)) for b, s in PREFIX_LINE.findall(log)]  # in the order D finished them
-    assert sorted(b for b, _ in computed) == sorted(f["boundary"] for f in facts if f["boundary"])
-    for fact in facts:
-        if fact["boundary"]:
-            fact["prefix_compute_s"] = dict(computed)[fact["boundary"]]
+    computed = [(int(b), float(s)) for b, s in PREFIX_LINE.findall(log)]
+    assert [b for b, _ in computed] == [f["boundary"] for f in facts if f["boundary"]]
+    for fact, (_, seconds) in zip([f for f in facts if f["boundary"]], computed):
+        fact["prefix_compute_s"] = seconds
     assert settle([prefill, decode], 120) == [0, 0]
     assert len(_generate(router.url, prompt_of(200))[0]) == NEW  # the pair serves on
     faults.record("engine_transfer_fallback_recompute", requests=facts, outputs_equal_the_pair=True,
