@@ -69,12 +69,17 @@ def text_of(words: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(deterministic_stack, sglang_tiny_checkpoint):
+def _gauges_published(deterministic_stack) -> None:
+    """SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)."""
+    greedy(deterministic_stack["router"].url, prompt_of(150), new_tokens=48, ignore_eos=True)
+
+
+@pytest.fixture
+def pair(deterministic_stack, sglang_tiny_checkpoint, _gauges_published):
     """The deterministic stack's pair behind its sglang-router (system/conftest.py): deterministic, so that a
-    batch's items, which decode in one forward, equal the same prompts sent alone; P's pool the smaller."""
+    batch's items, which decode in one forward, equal the same prompts sent alone; P's pool the smaller. Read
+    from the stack for each case: a stack restored after a broken case holds new server processes."""
     stack = deterministic_stack
-    # SGLang publishes a fresh worker's used-token gauge with its first stats (D: every 40 decode steps)
-    greedy(stack["router"].url, prompt_of(150), new_tokens=48, ignore_eos=True)
     return {"prefill": stack["prefill"], "decode": stack["decode"], "router": stack["router"],
             "checkpoint": sglang_tiny_checkpoint}
 
