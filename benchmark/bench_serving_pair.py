@@ -3,7 +3,7 @@
 `python -m sglang.launch_server --device cpu --disaggregation-mode asym-prefill | asym-decode` on the small
 checkpoint (window 128), behind sglang-router as the system tests run it (sglang_servers.patient_router),
 measured by `python -m sglang.bench_serving --backend sglang --dataset-name random-ids` (random token ids
-sent as ids, no download; testing/bench_serving_client.py): prompts of 64 to 600 tokens (uniform), outputs
+sent as ids, no download; test/harness/bench_serving_client.py): prompts of 64 to 600 tokens (uniform), outputs
 of 1 to 8 tokens (bench_serving applies one range ratio to both). Its success count, throughput and
 TTFT / ITL / end-to-end percentiles (its own record) go to benchmark/results/bench_serving.json, with both
 commands.
@@ -20,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglang_asym.testing.bench_serving_client import RandomLoad, requested_lengths, run_bench_serving, unserved
-from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test"))
+from harness.bench_serving_client import RandomLoad, requested_lengths, run_bench_serving, unserved  # noqa: E402
+from harness.router_launch import RouterFlavor  # noqa: E402
+from harness.server_process import wait_healthy  # noqa: E402
 from system.sglang_servers import patient_router, sglang_server, write_sglang_checkpoint  # noqa: E402
 
 WINDOW = 128

@@ -38,7 +38,7 @@ from system.helpers import serving  # noqa: E402
 from system.sglang_servers import (forward_log, greedy, greedy_together, patient_router, prompt_of,  # noqa: E402
                                    sglang_server, write_sglang_checkpoint)
 
-from sglang_asym.testing.router_launch import RouterFlavor  # noqa: E402
+from harness.router_launch import RouterFlavor  # noqa: E402
 
 RESULTS = ROOT / "benchmark" / "results"
 FLAG = "--enable-deterministic-inference"

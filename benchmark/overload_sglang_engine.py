@@ -26,11 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
-from sglang_asym.testing.server_process import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test"))
+from harness.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess  # noqa: E402
+from harness.server_process import wait_healthy  # noqa: E402
 from system.helpers import ids  # noqa: E402
 from system.sglang_servers import sglang_server, used_tokens, write_sglang_checkpoint  # noqa: E402
 from system.test_overload import HealthProbe, Outcome, mixed_prompts, send_all, serves_again  # noqa: E402

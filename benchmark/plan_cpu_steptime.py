@@ -13,7 +13,7 @@ with other work). Then fits, by least squares in relative terms:
   prefill_s(n)   = p0 + p1 * n + p2 * n^2   (one fit per role: asym P, full model; chunks of 1024 as the servers)
 
 and writes benchmark/results/plan_cpu_steptime.json (the samples, the fits, their residuals, the command).
-`sglang_asym.plan.cpu_model.CpuStepModel.from_json` reads it. Why the decode loop's log and not the grid: the
+`test/harness/cpu_step_model.py::CpuStepModel.from_json` reads it. Why the decode loop's log and not the grid: the
 grid was timed on another occasion, when the shared cores ran window rows relatively dearer (its 4 x 128-row
 window step predicts admit-all's 8 x 128-row burst step at 3.7 s; the loop ran it in 2.7 s), and the log is the
 loop the servers run, at the shapes they run.
@@ -37,8 +37,10 @@ from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.model.model import SegmentInput
 from sglang_asym.model.steps import prefill
-from sglang_asym.plan.cpu_model import decode_loop_samples, fit_prefill, fit_step, speed_check
 from sglang_asym.verify import Models, random_prompt
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # the harness: the CPU step-time model
+from harness.cpu_step_model import decode_loop_samples, fit_prefill, fit_step, speed_check  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (decode rows, their context, window segments' rows): decode-only, window-only (one or several requests'

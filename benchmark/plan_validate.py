@@ -36,10 +36,12 @@ from pathlib import Path
 import numpy as np
 
 from sglang_asym.config import V41Config
-from sglang_asym.plan.cpu_model import CpuStepModel
 from sglang_asym.plan.sim import ClusterConfig, Simulator, SimRequest, Slo
 from sglang_asym.plan.transfer_model import Link, Mode
 from sglang_asym.sched import SchedulerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # the harness: the CPU step-time model
+from harness.cpu_step_model import CpuStepModel  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CALIBRATION = RESULTS / "plan_serving_calibration.json"

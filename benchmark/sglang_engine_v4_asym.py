@@ -21,10 +21,11 @@ import tempfile
 from pathlib import Path
 
 from sglang_asym.model.loading import model_from_checkpoint
-from sglang_asym.testing.pair_reference import pair_greedy
-from sglang_asym.testing.router_launch import RouterFlavor
 from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test/harness/
+from harness.pair_reference import pair_greedy  # noqa: E402
+from harness.router_launch import RouterFlavor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD_BYTES = "sglang_asym:kv_transfer_payload_bytes_total"
@@ -39,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmark" / "results" / "sglang_engine_v4_asym.json")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each server its share of the cores (inherited)
-    sys.path.insert(0, str(ROOT / "test"))
     from system.helpers import serving
     from system.sglang_servers import (NEW_TOKENS, greedy, metric_sum, patient_router, prompt_of, settle,
                                        sglang_server, write_sglang_checkpoint)

@@ -42,8 +42,9 @@ from stream_client import metric_totals, stream_request
 
 from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
 from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
-from sglang_asym.testing.server_process import start_server, wait_healthy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test/harness/
+from harness.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess  # noqa: E402
+from harness.server_process import start_server, wait_healthy  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BYTES_METRIC = "sglang:kv_transfer_total_mb"
@@ -226,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         checkpoint = args.checkpoint
         if checkpoint is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
             from system.sglang_servers import write_sglang_checkpoint
 
             checkpoint = write_sglang_checkpoint(work / "ckpt", serving_config(max(args.n) + args.new_tokens))

@@ -32,11 +32,11 @@ from sglang_engine_startup import process_tree
 from soak import (LoadConfig, add_load_args, burst, growth, merge_into, process_resources, router_in_front, soak,
                   summary)
 
-from sglang_asym.testing.router_launch import RouterProcess
-from sglang_asym.testing.server_process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test"))
+from harness.router_launch import RouterProcess  # noqa: E402
+from harness.server_process import ServerProcess, start_server  # noqa: E402
 from system.sglang_servers import metric_sum, mooncake_regions, write_sglang_checkpoint  # noqa: E402  (/metrics readers)
 USED_TOKENS = "sglang:num_used_tokens"
 

@@ -26,10 +26,11 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test/harness/
+from harness.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess  # noqa: E402
+from harness.pair_reference import pair_greedy  # noqa: E402
+from harness.server_process import start_server, wait_healthy  # noqa: E402
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
-from sglang_asym.testing.pair_reference import pair_greedy
-from sglang_asym.testing.server_process import start_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "models" / "v41-sglang-tiny-pydoc"
@@ -205,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         checkpoint = args.checkpoint
         if checkpoint is None:
-            sys.path.insert(0, str(ROOT / "test"))
             from system.sglang_servers import write_sglang_checkpoint
 
             print("[demo] part 1: writing a small V4.1 checkpoint at SGLang's pool geometry (random weights)",

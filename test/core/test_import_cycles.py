@@ -134,7 +134,7 @@ def test_the_graph_sees_the_package():
     graph = import_graph()
     assert "sglang_asym.model.attention" in graph["sglang_asym.model.block"]
     assert "sglang_asym.model.batch" in graph["sglang_asym.model.compressor"]
-    assert "sglang_asym.testing.lifetime" in graph["sglang_asym.testing.router_launch"]  # an absolute import
+    assert "sglang_asym.sglang_plugin.shared.settings" in graph["sglang_asym.sglang_plugin.shared.cli"]
 
 
 def test_cycle_finder_on_a_known_graph():

@@ -1,9 +1,9 @@
-"""The forwards the in-process pair reference runs (testing/pair_reference.py): P's prefill chunks of
+"""The forwards the in-process pair reference runs (test/harness/pair_reference.py): P's prefill chunks of
 [0, B), then D's window [B, N)."""
 
 import pytest
 
-from sglang_asym.testing.pair_reference import pair_spans
+from harness.pair_reference import pair_spans
 
 
 def test_spans_follow_p_chunks_then_the_window():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_asym.plan.cpu_model import (CpuStepModel, decode_loop_samples, experts_touched, fit_prefill, fit_step,
+from harness.cpu_step_model import (CpuStepModel, decode_loop_samples, experts_touched, fit_prefill, fit_step,
                                         speed_check)
 from sglang_asym.plan.errors import PlanInputError
 from sglang_asym.plan.gpu_model import Efficiency, GpuStepModel

@@ -29,7 +29,8 @@ import sglang.srt.server_args  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
 
-from sglang_asym.testing.lifetime import die_with_parent
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # test/, for the harness
+from harness.lifetime import die_with_parent  # noqa: E402
 
 
 def _exit_status(exc: SystemExit) -> int:

@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from sglang_asym.testing.lifetime import die_with_parent_preexec
+from harness.lifetime import die_with_parent_preexec
 
 RUNNER = Path(__file__).resolve().with_name("fork_runner.py")
 RUNNER_START_S = 120.0  # the runner's own imports, on a loaded 2-core host

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.testing.router_launch import RouterFlavor
+from harness.router_launch import RouterFlavor
 
 from .helpers import serving
 from .sglang_servers import (DETERMINISTIC, STACK_P_POOL_TOKENS, patient_router, sglang_server, sglang_workspace,

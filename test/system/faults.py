@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_asym.testing.sse_lines import data_payloads
+from harness.sse_lines import data_payloads
 
 
 @dataclass

@@ -9,7 +9,7 @@ import subprocess
 import time
 from typing import Any, Callable, Iterator, Mapping
 
-from sglang_asym.testing.server_process import ServerProcess, post, post_stream, wait_healthy
+from harness.server_process import ServerProcess, post, post_stream, wait_healthy
 
 MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
 

@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess
-from sglang_asym.testing.server_process import wait_healthy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the system test package, run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # test/: the harness and the system tests, run as a script
+from harness.router_launch import PrefillWorker, RouterConfig, RouterProcess  # noqa: E402
+from harness.server_process import wait_healthy  # noqa: E402
 from system.sglang_servers import sglang_server  # noqa: E402
 
 

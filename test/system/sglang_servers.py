@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from sglang_asym.testing.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth)
-from sglang_asym.testing.server_process import ServerProcess, post, start_server, wait_healthy
+from harness.router_launch import (PrefillWorker, RouterConfig, RouterFlavor, RouterProcess, WorkerHealth)
+from harness.server_process import ServerProcess, post, start_server, wait_healthy
 
 from .helpers import ids, stop_all
 

@@ -35,8 +35,8 @@ from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
 from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
 from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
-from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import post
+from harness.router_launch import RouterFlavor
+from harness.server_process import post
 
 from .helpers import serving
 

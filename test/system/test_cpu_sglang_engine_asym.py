@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import post
+from harness.router_launch import RouterFlavor
+from harness.server_process import post
 from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan

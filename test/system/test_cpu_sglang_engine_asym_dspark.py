@@ -26,10 +26,10 @@ import time
 
 import pytest
 
-from sglang_asym.testing.router_launch import RouterFlavor
+from harness.router_launch import RouterFlavor
 
 from sglang_asym.model.loading import model_from_checkpoint
-from sglang_asym.testing.server_process import post
+from harness.server_process import post
 
 from .helpers import serving
 from .sglang_servers import (DETERMINISTIC, RETRACT_ENV, RETRACTED, forward_log, greedy, greedy_together, metric_sum,

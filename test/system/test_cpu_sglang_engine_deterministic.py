@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
-from sglang_asym.testing.server_process import post
+from harness.server_process import post
 
 from .helpers import MODEL, output
 from .sglang_servers import (ONE_CHUNK, asym_reference_logprobs, forward_log, greedy, greedy_together, prompt_of,

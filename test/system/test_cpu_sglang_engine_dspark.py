@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_asym.testing.server_process import post
+from harness.server_process import post
 
 from .helpers import serving
 from .sglang_servers import (DETERMINISTIC, forward_log, greedy, greedy_together, prompt_of, restore, sglang_server,

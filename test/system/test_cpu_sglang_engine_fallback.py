@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from sglang_asym.testing.router_launch import RouterFlavor, pick_free_port
-from sglang_asym.testing.server_process import post
+from harness.router_launch import RouterFlavor, pick_free_port
+from harness.server_process import post
 
 from . import faults
 from .faults import abort

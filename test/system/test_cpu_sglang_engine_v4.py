@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
-from sglang_asym.testing.router_launch import RouterFlavor
+from harness.router_launch import RouterFlavor
 
 from .helpers import serving
 from .sglang_servers import (DumpGroups, ONE_CHUNK, equal_pool_dumps, greedy, patient_router, prompt_of,

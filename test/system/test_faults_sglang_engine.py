@@ -28,8 +28,8 @@ from typing import Iterator
 
 import pytest
 
-from sglang_asym.testing.router_launch import RouterFlavor, RouterProcess, WorkerHealth
-from sglang_asym.testing.server_process import ServerProcess, post, wait_healthy
+from harness.router_launch import RouterFlavor, RouterProcess, WorkerHealth
+from harness.server_process import ServerProcess, post, wait_healthy
 from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan
 

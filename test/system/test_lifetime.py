@@ -1,5 +1,5 @@
 """SGLang's servers (launcher, scheduler and detokenizer) and the router die with the process that started
-them, even when it is SIGKILLed (testing/lifetime.py: the kernel's parent-death signal on the launcher and the
+them, even when it is SIGKILLed (test/harness/lifetime.py: the kernel's parent-death signal on the launcher and the
 router; SGLang's own on its children): a killed pytest leaves no server behind."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.testing.lifetime import die_with_parent_preexec, parent_death_signal, supported
+from harness.lifetime import die_with_parent_preexec, parent_death_signal, supported
 
 ROOT = Path(__file__).resolve().parents[2]
 GONE_BOUND_S = 5.0  # SIGKILL of the starter -> every process it started is gone and its ports are closed
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.skipif(not supported(), reason="needs Linux prctl")]
 
-_PRINT_SIGNAL = "from sglang_asym.testing.lifetime import parent_death_signal; print(parent_death_signal())"
+_PRINT_SIGNAL = "from harness.lifetime import parent_death_signal; print(parent_death_signal())"
 
 
 def _stat(pid: int) -> tuple[str, int, str] | None:
@@ -71,9 +71,11 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def test_preexec_hook_sets_sigkill_in_the_child():
+    test_dir = ROOT / "test"  # `-c` code finds the harness in its working directory
     with_hook = subprocess.run([sys.executable, "-c", _PRINT_SIGNAL], capture_output=True, text=True, timeout=30,
-                               preexec_fn=die_with_parent_preexec())
-    without = subprocess.run([sys.executable, "-c", _PRINT_SIGNAL], capture_output=True, text=True, timeout=30)
+                               cwd=test_dir, preexec_fn=die_with_parent_preexec())
+    without = subprocess.run([sys.executable, "-c", _PRINT_SIGNAL], capture_output=True, text=True, timeout=30,
+                             cwd=test_dir)
     assert (with_hook.stdout.strip(), without.stdout.strip()) == (str(int(signal.SIGKILL)), "0")
     assert parent_death_signal() == 0  # the hook ran in the child only
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
+from harness.router_launch import PrefillWorker, RouterConfig, RouterFlavor, RouterProcess
 
 from .helpers import ids, serving
 from .sglang_servers import greedy, prompt_of, settle, sglang_server, sglang_workspace, used_tokens

@@ -42,9 +42,9 @@ import openai
 import pytest
 
 from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
-from sglang_asym.testing.bench_serving_client import RandomLoad, requested_lengths, run_bench_serving, unserved
-from sglang_asym.testing.router_launch import RouterFlavor
-from sglang_asym.testing.server_process import post, post_stream
+from harness.bench_serving_client import RandomLoad, requested_lengths, run_bench_serving, unserved
+from harness.router_launch import RouterFlavor
+from harness.server_process import post, post_stream
 
 from .sglang_servers import (ONE_CHUNK, STACK_P_POOL_TOKENS, asym_reference, greedy, patient_router, prompt_of,
                              reference_model, restore, server_info, settle, used_tokens)

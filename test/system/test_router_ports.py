@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from sglang_asym.testing import router_launch
-from sglang_asym.testing.router_launch import PrefillWorker, RouterConfig, RouterProcess, RouterStartError
+from harness import router_launch
+from harness.router_launch import PrefillWorker, RouterConfig, RouterProcess, RouterStartError
 
 READY_S = 15
 UNSERVED = RouterConfig(prefill=(PrefillWorker("http://127.0.0.1:9"),), decode=("http://127.0.0.1:9",))

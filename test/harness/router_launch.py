@@ -9,7 +9,7 @@ gRPC (an HTTP/2 preface), then call GET /health, /server_info, /model_info (smg 
 /version, /loads, /v1/loads, /metrics) and register the workers in the background; `/readiness` turns
 200 once both a prefill and a decode worker are healthy, which is what `start()` waits for. SIGTERM
 starts a graceful shutdown bounded by `--shutdown-grace-period-secs`; `stop()` escalates to SIGKILL.
-The router gets SIGKILL when the process (thread) that started it exits, even by SIGKILL (testing/lifetime.py).
+The router gets SIGKILL when the process (thread) that started it exits, even by SIGKILL (lifetime.py).
 
 Per request (both flavors, as measured on sglang-router 0.3.2 and smg 1.13): the body, re-serialized, goes to
 P and D at once with `bootstrap_host` (P's host), `bootstrap_port` and a fresh random `bootstrap_room`
@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from sglang_asym.testing.lifetime import die_with_parent_preexec
+from harness.lifetime import die_with_parent_preexec
 
 
 class RouterFlavor(str, Enum):

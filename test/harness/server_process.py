@@ -2,7 +2,7 @@
 demo, benchmarks, tests), and small HTTP helpers to talk to them.
 
 Every server started here gets SIGKILL when the process (thread) that started it exits, however it exits
-(testing/lifetime.py): a killed pytest or benchmark leaves no server behind."""
+(test/harness/lifetime.py): a killed pytest or benchmark leaves no server behind."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_asym.testing.lifetime import die_with_parent_preexec
-from sglang_asym.testing.router_launch import pick_free_port
+from harness.lifetime import die_with_parent_preexec
+from harness.router_launch import pick_free_port
 
 
 @dataclass

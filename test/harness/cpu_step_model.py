@@ -27,8 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import PlanInputError
-from .steptime import Role, StepTimeModel
+from sglang_asym.plan.errors import PlanInputError
+from sglang_asym.plan.steptime import Role, StepTimeModel
 
 STEP_TERMS = ("a", "c_expert", "c_decode", "c_window", "r_window", "b_ctx")
 PREFILL_TERMS = ("p0", "p1", "p2")

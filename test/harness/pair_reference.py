@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import CacheSizing
-from ..model.model import V41Model
-from ..sched.config import DEFAULT_WINDOW_CHUNK
-from ..sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
-from ..split import Semantics
+from sglang_asym.cache import CacheSizing
+from sglang_asym.model.model import V41Model
+from sglang_asym.sched.config import DEFAULT_WINDOW_CHUNK
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
+from sglang_asym.split import Semantics
 
 
 def pair_spans(n: int, window: int, prefill_chunk: int) -> list[tuple[int, int]]:
