@@ -25,11 +25,12 @@ A window-pending request stays in SGLang's `waiting_queue`, so SGLang's own abor
 frees its rows; only the prebuilt merge skips it. Once its window completes it is an ordinary
 committed PD request: SGLang's prebuilt path streams the first token, checks the stop conditions and
 merges it into the running batch.
-A step is mixed (the policy's "mixed" step mode, as in the embedded runtime): the window chunks ride in
-the running batch's decode forward, one forward holding both (reference_forward.ride_next_decode), so
-the running requests decode in every iteration and each forward's rows stay within the token budget.
-With no decode batch to ride, the chunks run as an EXTEND forward of their own (window_batch.py); a
-window completed that way is merged at once, so the request decodes in the same iteration.
+On the CPU route a step is mixed (the policy's "mixed" step mode): the window chunks ride in the running
+batch's decode forward, one forward holding both (reference_forward.ride_next_decode), so the running
+requests decode in every iteration and each forward's rows stay within the token budget. SGLang's own
+forward (CUDA) takes no riders: there, as on CPU with no decode batch to ride, the chunks run as an EXTEND
+forward of their own (window_batch.py), and nothing on that path imports the CPU route's reference forward.
+A window completed by its own forward is merged at once, so the request decodes in the same iteration.
 Under speculative decoding (--speculative-algorithm DSPARK, cpu_platform/dspark_worker.py) the running
 batch's forward is a TARGET_VERIFY forward, which takes no riders: the chunks always run as their own
 EXTEND, through the speculative worker, which also hands the window's features to the drafter (its context is the window).
@@ -258,6 +259,14 @@ def finish_step(window_step: WindowStep, samples: WindowSamples) -> int:
     return completed
 
 
+def windows_ride() -> bool:
+    """Whether window chunks ride in a decode forward: only the CPU route's forward (the reference model over
+    SGLang's pool, cpu_platform/reference_forward.py) runs queued extend rows inside a decode forward."""
+    from ..cpu_platform.engine_mode import cpu_engine_selected
+
+    return cpu_engine_selected()
+
+
 def _run_unridden(scheduler: Any) -> None:
     """Window chunks queued for a decode forward that never ran (it failed or was skipped) run now, alone."""
     from ..cpu_platform.reference_forward import take_unridden
@@ -273,22 +282,24 @@ def _run_unridden(scheduler: Any) -> None:
 
 def around_get_next_decode_batch(original: Callable, scheduler: Any, running_batch: Any, *args: Any,
                                  **kwargs: Any) -> Any:
-    """After SGLang picked this iteration's decode batch, the window step: its chunks ride in that decode
-    forward (one mixed forward); with no decode forward to ride (or a speculative one) they run as a forward
-    of their own, and if that completed a window, SGLang schedules again so the request decodes in this same
+    """After SGLang picked this iteration's decode batch, the window step: on the CPU route its chunks ride in
+    that decode forward (one mixed forward); with no decode forward to ride (or a speculative one, or SGLang's
+    own forward on CUDA) they run as a forward of their own, and if that completed a window, SGLang schedules again so the request decodes in this same
     iteration."""
     settings = _settings()
     plan = original(scheduler, running_batch, *args, **kwargs)
     if settings is None:
         return plan
-    _run_unridden(scheduler)
+    rides = windows_ride()
+    if rides:
+        _run_unridden(scheduler)
     recompute_fallback_prefixes(scheduler)
     batch = plan.batch_to_run
     decode = batch if batch is not None and batch.forward_mode.is_decode() else None
     window_step = plan_window_step(scheduler, list(decode.reqs) if decode is not None else [], settings)
     if window_step is None:
         return plan
-    if decode is not None and scheduler.spec_algorithm.is_none():
+    if rides and decode is not None and scheduler.spec_algorithm.is_none():
         from ..cpu_platform.reference_forward import ride_next_decode
 
         forward_batch = window_forward_batch(scheduler, window_step.chunks)
