@@ -1,6 +1,6 @@
 """Load and soak of the asym pair served by SGLang's own engine on CPU, behind sglang-router.
 
-The phases of soak.py (a warm-up, the soak with about --disrupt of its requests disconnected or aborted
+The load of soak_load.py (a warm-up, the soak with about --disrupt of its requests disconnected or aborted
 at random, then a burst of --concurrent streams at once; each request must complete, or end clearly: an
 HTTP error status, an SSE error event or finish_reason abort, never a hang), against
 `python -m sglang.launch_server --device cpu --disaggregation-mode asym-prefill | asym-decode` on the
@@ -12,7 +12,7 @@ CPU defaults (8 running requests, an 8k-token pool per worker). What a worker ho
             after the soak and after the burst.
   Mooncake  the memory regions each scheduler holds registered with the Mooncake Transfer Engine
             (sglang_asym:mooncake_regions_registered_total minus ..._deregistered_total on /metrics).
-Results go into benchmark/results/reliability.json under "soak_sglang_engine", with the command.
+Results go into benchmark/results/reliability.json (or --out) under "soak_sglang_engine", with the command.
 
     .venv/bin/python benchmark/soak_sglang_engine.py [--concurrent 200 --requests 2000]
 """
@@ -28,15 +28,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sglang_engine_startup import process_tree
-from soak import (LoadConfig, add_load_args, burst, growth, merge_into, process_resources, router_in_front, soak,
-                  summary)
-
+from process_memory import process_tree  # benchmark/ is the script's own folder on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "test"))
+sys.path.insert(0, str(ROOT / "test"))  # the harness (harness.*) and the system tests' helpers, before their imports
 from harness.router_launch import RouterProcess  # noqa: E402
 from harness.server_process import ServerProcess, start_server  # noqa: E402
+from soak_load import (LoadConfig, add_load_args, burst, growth, merge_into, process_resources,  # noqa: E402
+                       router_in_front, soak, summary)
 from system.sglang_servers import metric_sum, mooncake_regions, write_sglang_checkpoint  # noqa: E402  (/metrics readers)
 USED_TOKENS = "sglang:num_used_tokens"
 
@@ -139,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     add_load_args(ap)
     ap.add_argument("--request-timeout", type=float, default=300.0,
                     help="a request not ended by then counts as a hang")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmark" / "results" / "reliability.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmark" / "results" / "reliability.json",
+                    help="the JSON file the result is merged into (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="OpenMP threads per server (default: half the cores each)")
     ap.add_argument("--logs", type=Path, default=None, help="keep the servers' and router's logs here")
