@@ -98,9 +98,6 @@ class LayerPlan:
     def ratio2_owners(self) -> tuple[int, ...]:
         return tuple(info.index for info in self.layers if info.owns_kv and info.ratio == 2)
 
-    def roles(self) -> tuple[Role, ...]:
-        return tuple(info.role for info in self.layers)
-
 
 def _prefill_needs(name: str, last: int) -> bool:
     layer = layer_of(name)

@@ -65,12 +65,19 @@ def ships_at_end(name: str) -> bool:
     return group is not None and not group.kind.streams
 
 
+def tokens_per_row(gid: GroupId, cfg: V41Config) -> int:
+    """Prompt tokens one row covers: 1 for window rows, the owner's compress ratio for kv/index, 0 for tails."""
+    if gid.kind is GroupKind.SWA:
+        return 1
+    return 0 if gid.kind is GroupKind.TAIL else cfg.compress_ratios[gid.layer]
+
+
 def test_what_ships_when_and_row_counts():
     assert [streams(n) for n in ("kv.L2", "index.L2", "swa.L0", "tail.L2", "aux.rng_state")] == [True, True, False, False, False]
     assert [ships_at_end(n) for n in ("kv.L2", "index.L2", "swa.L0", "tail.L2", "aux.rng_state")] == [False, False, True, True, False]
     assert row_count("tail.L2", torch.zeros(2, 8)) == 1 and row_count("kv.L2", torch.zeros(5, 8)) == 5
     cfg = V41Config.flash()
-    assert [GroupId(k, 2).tokens_per_row(cfg) for k in GroupKind] == [1, cfg.compress_ratios[2], cfg.compress_ratios[2], 0]
+    assert [tokens_per_row(GroupId(k, 2), cfg) for k in GroupKind] == [1, cfg.compress_ratios[2], cfg.compress_ratios[2], 0]
 
 
 def test_no_module_parses_group_names_by_hand():

@@ -25,7 +25,7 @@ def _model(weights, quant: str) -> V41Model:
 
 
 def test_tiny_config_has_every_role():
-    roles = set(LayerPlan.from_config(V41Config.tiny()).roles())
+    roles = {info.role for info in LayerPlan.from_config(V41Config.tiny()).layers}
     assert roles == set(Role)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_asym.sched import AdmitPolicy, SchedulerConfig
+from sglang_asym.sched import AdmissionDecision, AdmitPolicy, SchedulerConfig, StepPlan
 
 
 def max_rows_per_step(config: SchedulerConfig) -> int:
@@ -50,3 +50,10 @@ def min_chunk_rows(config: SchedulerConfig) -> int:
     if config.window_chunk is None:
         raise ValueError("min_chunk_rows applies to chunked windows (window_chunk set)")
     return min(config.window_chunk, config.token_budget - (config.max_running - 1) * config.verify_width)
+
+
+def blocked(plan: StepPlan) -> AdmissionDecision | None:
+    """The first waiting request that was not admitted, with the reason (None if the queue was drained)."""
+    if plan.decisions and not plan.decisions[-1].admitted:
+        return plan.decisions[-1]
+    return None

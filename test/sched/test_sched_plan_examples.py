@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sched_bounds import blocked
 from sglang_asym.sched import (
     AdmissionDecision,
     AdmitReason,
@@ -37,8 +38,8 @@ def test_burst_admits_the_prefix_that_fits_the_budget() -> None:
         AdmissionDecision("b", 128, 0, AdmitReason.OVER_BUDGET, 56, 128, 3),
     )
     # c (50 rows) would fit the 56 rows left, but FIFO: nobody overtakes b.
-    assert plan.blocked == plan.decisions[1]
-    assert plan.shape is StepShape.MIXED and not plan.exceeds_budget
+    assert blocked(plan) == plan.decisions[1]
+    assert plan.shape is StepShape.MIXED and plan.total_rows <= plan.token_budget
 
 
 def test_head_ages_into_an_over_budget_admission_alone() -> None:
@@ -52,7 +53,7 @@ def test_head_ages_into_an_over_budget_admission_alone() -> None:
         AdmissionDecision("a", 128, 3, AdmitReason.AGED, 84, 512, 4),
         AdmissionDecision("b", 10, 2, AdmitReason.OVER_BUDGET, -44, 384, 3),
     )
-    assert aged.total_rows == 16 + 128 and aged.exceeds_budget
+    assert aged.total_rows == 16 + 128 > aged.token_budget
 
 
 def test_head_goes_over_budget_when_nothing_runs() -> None:
@@ -67,17 +68,17 @@ def test_window_row_bound_stops_admission() -> None:
     config = SchedulerConfig(token_budget=2000, max_window_rows_per_step=200, max_running=8)
     plan = plan_step(running(2), waiting(128, 100, 1), 0, config)
     assert [w.request_id for w in plan.admitted] == ["a"]
-    assert plan.blocked == AdmissionDecision("b", 100, 0, AdmitReason.OVER_WINDOW_BOUND, 2000 - 8 - 128, 72, 5)
+    assert blocked(plan) == AdmissionDecision("b", 100, 0, AdmitReason.OVER_WINDOW_BOUND, 2000 - 8 - 128, 72, 5)
 
 
 def test_full_running_batch_blocks_admission() -> None:
     config = SchedulerConfig(token_budget=2000, max_running=2, max_wait_steps=0)
     plan = plan_step(running(1), waiting(8, 8), 5, config)
     assert [w.request_id for w in plan.admitted] == ["a"]
-    assert plan.blocked == AdmissionDecision("b", 8, 5, AdmitReason.NO_SLOT, 2000 - 4 - 8, 512 - 8, 0)
+    assert blocked(plan) == AdmissionDecision("b", 8, 5, AdmitReason.NO_SLOT, 2000 - 4 - 8, 512 - 8, 0)
     full = plan_step(running(2), waiting(8), 5, config)
     assert full.admitted == () and full.shape is StepShape.DECODE_ONLY
-    assert full.blocked.reason is AdmitReason.NO_SLOT
+    assert blocked(full).reason is AdmitReason.NO_SLOT
 
 
 def test_admit_all_ignores_budget_and_window_bound_but_not_slots() -> None:

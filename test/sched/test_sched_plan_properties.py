@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sched_bounds import max_rows_per_step
+from sched_bounds import blocked as blocked_by, max_rows_per_step
 from sched_strategies import configs, sched_settings, step_states
 from sglang_asym.sched import AdmitReason, StepShape, plan_step
 
@@ -24,10 +24,10 @@ def test_running_always_decode_and_admission_is_a_fifo_prefix(state) -> None:
     assert all(d.admitted for d in plan.decisions[:n])
     if n < len(waiting):  # exactly one decision explains why the queue stopped
         assert len(plan.decisions) == n + 1
-        assert plan.blocked is not None and plan.blocked.request_id == waiting[n].request_id
-        assert not plan.blocked.reason.admits
+        assert blocked_by(plan) is not None and blocked_by(plan).request_id == waiting[n].request_id
+        assert not blocked_by(plan).reason.admits
     else:
-        assert len(plan.decisions) == n and plan.blocked is None
+        assert len(plan.decisions) == n and blocked_by(plan) is None
     assert len(running) + n <= config.max_running
 
 
@@ -57,7 +57,7 @@ def test_budget_policy_respects_budget_except_the_lone_forced_head(state) -> Non
 def test_budget_policy_admits_greedily(state) -> None:
     config, running, waiting, step = state
     plan = plan_step(running, waiting, step, config)
-    blocked = plan.blocked
+    blocked = blocked_by(plan)
     if blocked is None:
         return
     nxt = waiting[len(plan.admitted)]

@@ -38,7 +38,7 @@ def test_cut_is_the_split_plans_boundary(prompt_len, semantics):
     assert cut == PrefillCut(prompt_len, SplitPlan(CFG, prompt_len, WINDOW, semantics).boundary)
     assert cut.boundary == max(prompt_len - WINDOW, 0)
     assert cut.runs_forward is (prompt_len > WINDOW)
-    assert cut.decode_tokens == min(prompt_len, WINDOW)
+    assert cut.prompt_len - cut.boundary == min(prompt_len, WINDOW)  # the tokens D computes: [B, N)
 
 
 def test_cut_refuses_other_roles_and_bad_prompts():

@@ -91,12 +91,6 @@ class GroupId:
     def format(self) -> KindFormat:
         return KIND_FORMATS[self.kind]
 
-    def tokens_per_row(self, cfg: V41Config) -> int:
-        """Prompt tokens one row covers: 1 for window rows, the owner's compress ratio for kv/index, 0 for tails."""
-        if self.kind is GroupKind.SWA:
-            return 1
-        return 0 if self.kind is GroupKind.TAIL else cfg.compress_ratios[self.layer]
-
     def row_bytes(self, cfg: V41Config, row_format: str, dtype: torch.dtype) -> int:
         """Bytes of one row on the wire: `model` rows in the model dtype, packed rows (`release`, `v4`)
         in their format (tails: fp32)."""

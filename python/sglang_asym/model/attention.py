@@ -28,10 +28,13 @@ QUERY_TILE = 256  # queries per attention/indexer tile: bounds the [tile, heads,
 SMALL_SEGMENT_ROWS = 8
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: V41Config, info: LayerInfo, dtype: torch.dtype) -> None:
+class LatentProjections(nn.Module):
+    """The query, KV and output projections and per-head sink logits around one latent KV head, named as
+    the released tensors name them: a layer's attention and a draft block's have the same."""
+
+    def __init__(self, cfg: V41Config, dtype: torch.dtype) -> None:
         super().__init__()
-        self.cfg, self.info = cfg, info
+        self.cfg = cfg
         heads, hd = cfg.num_attention_heads, cfg.head_dim
         self.wq_a = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False, dtype=dtype)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, dtype)
@@ -41,6 +44,12 @@ class Attention(nn.Module):
         self.wo_a = nn.Linear(heads * hd // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False, dtype=dtype)
         self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False, dtype=dtype)
         self.attn_sink = nn.Parameter(torch.zeros(heads, dtype=torch.float32), requires_grad=False)
+
+
+class Attention(LatentProjections):
+    def __init__(self, cfg: V41Config, info: LayerInfo, dtype: torch.dtype) -> None:
+        super().__init__(cfg, dtype)
+        self.info = info
         if info.owns_kv:
             self.compressor = Compressor(cfg, info.ratio, dtype)
         if info.has_indexer:

@@ -3,6 +3,8 @@ last-KV-source block that only writes compressed rows and index keys."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -25,30 +27,43 @@ def _mix_params(cfg: V41Config) -> tuple[nn.Parameter, nn.Parameter, nn.Paramete
             nn.Parameter(torch.ones(3), requires_grad=False))
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: V41Config, info: LayerInfo, dtype: torch.dtype) -> None:
+class MixedSublayers(nn.Module):
+    """The norms and mHC mixes of an attention and an FFN sublayer (a layer's block and a draft block), and
+    the pass through both; the subclass adds `attn` and `ffn`."""
+
+    def __init__(self, cfg: V41Config, dtype: torch.dtype) -> None:
         super().__init__()
-        self.cfg, self.info = cfg, info
+        self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale = _mix_params(cfg)
         self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = _mix_params(cfg)
-        self.attn = Attention(cfg, info, dtype)
-        self.ffn = MoE(cfg, dtype)
 
     def _mix(self, streams: torch.Tensor, site: str):
         cfg = self.cfg
         return site_mix(streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
                         getattr(self, f"hc_{site}_scale"), cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
 
-    def forward(self, streams: torch.Tensor, pre: torch.Tensor, batch: RowBatch,
-                quant: Quantizer) -> tuple[torch.Tensor, torch.Tensor]:
+    def sublayers(self, streams: torch.Tensor, pre: torch.Tensor,
+                  attend: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`attend` runs the attention sublayer on its normed input."""
         attn_mix = self._mix(streams, "attn")
-        out = self.attn(self.attn_norm(collapse(streams, pre)), batch, quant)
-        streams = expand(out, streams, attn_mix)
+        streams = expand(attend(self.attn_norm(collapse(streams, pre))), streams, attn_mix)
         ffn_mix = self._mix(streams, "ffn")
         out = self.ffn(self.ffn_norm(collapse(streams, attn_mix.pre)))
         return expand(out, streams, ffn_mix), ffn_mix.pre
+
+
+class Block(MixedSublayers):
+    def __init__(self, cfg: V41Config, info: LayerInfo, dtype: torch.dtype) -> None:
+        super().__init__(cfg, dtype)
+        self.info = info
+        self.attn = Attention(cfg, info, dtype)
+        self.ffn = MoE(cfg, dtype)
+
+    def forward(self, streams: torch.Tensor, pre: torch.Tensor, batch: RowBatch,
+                quant: Quantizer) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sublayers(streams, pre, lambda x: self.attn(x, batch, quant))
 
     def write_kv_source_rows(self, streams: torch.Tensor, pre: torch.Tensor, batch: RowBatch,
                              quant: Quantizer) -> None:

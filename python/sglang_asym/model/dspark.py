@@ -32,7 +32,9 @@ from torch.nn import functional as F
 from ..checkpoint.random_init import random_weights
 from ..checkpoint.specs import dspark_tensor_specs
 from ..config import ConfigError, V41Config
-from .mhc import collapse, expand, site_mix
+from .attention import LatentProjections
+from .block import MixedSublayers
+from .mhc import collapse
 from .model import V41Model
 from .moe import MoE
 from .primitives import RMSNorm, RopeTable, apply_rope, grouped_linear
@@ -99,21 +101,11 @@ class DraftRings:
 
 
 # ---- modules (parameter names follow the released `mtp.{k}.*` tensors) -------------------------
-class DraftAttention(nn.Module):
+class DraftAttention(LatentProjections):
     """Window attention of draft slots over the context rows and their own block, one latent KV head."""
 
     def __init__(self, cfg: V41Config, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.cfg = cfg
-        heads, hd = cfg.num_attention_heads, cfg.head_dim
-        self.wq_a = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False, dtype=dtype)
-        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, dtype)
-        self.wq_b = nn.Linear(cfg.q_lora_rank, heads * hd, bias=False, dtype=dtype)
-        self.wkv = nn.Linear(cfg.hidden_size, hd, bias=False, dtype=dtype)
-        self.kv_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype)
-        self.wo_a = nn.Linear(heads * hd // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False, dtype=dtype)
-        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False, dtype=dtype)
-        self.attn_sink = nn.Parameter(torch.zeros(heads, dtype=torch.float32))
+        super().__init__(cfg, dtype)
         self.rope = RopeTable(cfg, compressed=False)  # draft layers have compress ratio 0
 
     def kv_rows(self, h: torch.Tensor, positions: torch.Tensor, quant: Quantizer) -> torch.Tensor:
@@ -165,18 +157,10 @@ class ConfidenceHead(nn.Module):
         return self.proj(torch.cat((normed.float(), markov_emb.float()), dim=-1)).squeeze(-1)
 
 
-class DraftBlock(nn.Module):
+class DraftBlock(MixedSublayers):
     def __init__(self, cfg: V41Config, index: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.cfg = cfg
-        h, hc = cfg.hidden_size, cfg.hc_mult
-        width = hc * (hc + 2)
-        self.attn_norm = RMSNorm(h, cfg.rms_norm_eps, dtype)
-        self.ffn_norm = RMSNorm(h, cfg.rms_norm_eps, dtype)
-        for site in ("attn", "ffn"):
-            setattr(self, f"hc_{site}_fn", nn.Parameter(torch.zeros(width, hc * h)))
-            setattr(self, f"hc_{site}_base", nn.Parameter(torch.zeros(width)))
-            setattr(self, f"hc_{site}_scale", nn.Parameter(torch.ones(3)))
+        super().__init__(cfg, dtype)
+        h = cfg.hidden_size
         self.attn = DraftAttention(cfg, dtype)
         draft_moe = cfg.replace(n_routed_experts=cfg.dspark_n_routed_experts,
                                 num_experts_per_tok=min(cfg.dspark_num_experts_per_tok, cfg.dspark_n_routed_experts))
@@ -189,19 +173,9 @@ class DraftBlock(nn.Module):
             self.markov_head = MarkovHead(cfg.vocab_size, cfg.dspark_markov_rank, dtype)
             self.confidence_head = ConfidenceHead(h, cfg.dspark_markov_rank)
 
-    def _mix(self, streams: torch.Tensor, site: str):
-        cfg = self.cfg
-        return site_mix(streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
-                        getattr(self, f"hc_{site}_scale"), cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
-
     def forward(self, streams: torch.Tensor, pre: torch.Tensor, positions: torch.Tensor, context: torch.Tensor,
                 context_valid: torch.Tensor, quant: Quantizer) -> tuple[torch.Tensor, torch.Tensor]:
-        attn_mix = self._mix(streams, "attn")
-        out = self.attn(self.attn_norm(collapse(streams, pre)), positions, context, context_valid, quant)
-        streams = expand(out, streams, attn_mix)
-        ffn_mix = self._mix(streams, "ffn")
-        out = self.ffn(self.ffn_norm(collapse(streams, attn_mix.pre)))
-        return expand(out, streams, ffn_mix), ffn_mix.pre
+        return self.sublayers(streams, pre, lambda x: self.attn(x, positions, context, context_valid, quant))
 
 
 @dataclass(frozen=True)

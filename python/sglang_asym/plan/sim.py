@@ -275,9 +275,7 @@ class _DecodeReplica:
             req = rank.joins.popleft()
             rank.scheduler.add_running(req.spec.rid)
             self.sim.emit_first(req, now)
-            if req.tokens >= req.spec.output_tokens:
-                rank.scheduler.finish(req.spec.rid)
-                self.sim.finish(req, rank, now)
+            self.sim.finish_if_done(req, rank, now)
 
     def _step(self) -> None:
         now = self.sim.events.now
@@ -337,17 +335,13 @@ class _DecodeReplica:
                 if req is None:
                     continue
                 self.sim.emit(req, now)
-                if req.tokens >= req.spec.output_tokens:
-                    rank.scheduler.finish(req.spec.rid)
-                    self.sim.finish(req, rank, now)
+                self.sim.finish_if_done(req, rank, now)
             for window in plan.admitted:
                 if window.request_id in partial:
                     continue
                 req = rank.reqs[window.request_id]
                 self.sim.emit_first(req, now)
-                if req.tokens >= req.spec.output_tokens:
-                    rank.scheduler.finish(req.spec.rid)
-                    self.sim.finish(req, rank, now)
+                self.sim.finish_if_done(req, rank, now)
         for req, n in prefill_chunk:
             req.prefill_left -= n
             if req.prefill_left == 0:
@@ -445,7 +439,11 @@ class Simulator:
         if req.times is not None:
             req.times.append(now)
 
-    def finish(self, req: _Req, rank: _Rank, now: float) -> None:
+    def finish_if_done(self, req: _Req, rank: _Rank, now: float) -> None:
+        """Frees `req`'s running slot once it has all its output tokens."""
+        if req.tokens < req.spec.output_tokens:
+            return
+        rank.scheduler.finish(req.spec.rid)
         req.finished = now
         del rank.reqs[req.spec.rid]
         self.done += 1

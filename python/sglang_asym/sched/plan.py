@@ -48,11 +48,6 @@ class AdmitReason(str, Enum):
         return self in (AdmitReason.FITS, AdmitReason.CHUNK, AdmitReason.AGED, AdmitReason.NO_DECODE,
                         AdmitReason.ADMIT_ALL)
 
-    @property
-    def over_budget(self) -> bool:
-        """The admission may take the step past the token budget."""
-        return self in (AdmitReason.AGED, AdmitReason.NO_DECODE)
-
 
 class StepShape(str, Enum):
     """What rows a step holds."""
@@ -118,20 +113,9 @@ class StepPlan:
         return self.decode_rows + self.window_rows
 
     @property
-    def exceeds_budget(self) -> bool:
-        return self.total_rows > self.token_budget
-
-    @property
     def partial(self) -> tuple[str, ...]:
         """Requests admitted for a chunk of their window only: they stay in the waiting queue."""
         return tuple(d.request_id for d in self.decisions if d.admitted and not d.completes_window)
-
-    @property
-    def blocked(self) -> AdmissionDecision | None:
-        """The first waiting request that was not admitted, with the reason (None if the queue was drained)."""
-        if self.decisions and not self.decisions[-1].admitted:
-            return self.decisions[-1]
-        return None
 
     @property
     def shape(self) -> StepShape:

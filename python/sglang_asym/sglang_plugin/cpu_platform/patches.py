@@ -60,6 +60,7 @@ Scheduler:
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any, Callable
 
@@ -77,6 +78,15 @@ ATTN_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBa
 
 DEEPSEEK_CHAT_SPECS = ("dsv4", "dsv41")
 DEEPSEEK_SYSTEM_TOKEN = "<\uff5cSystem\uff5c>"  # the first special token DeepSeek's encoder needs
+
+
+def _deferred(module: str, name: str) -> Callable:
+    """`module`'s `name` (a module relative to this package, or SGLang's own), imported at its first call."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module, __package__), name)(*args, **kwargs)
+
+    call.__qualname__ = f"{module.lstrip('.')}.{name}"
+    return call
 
 
 def select_cpu_kv_layout() -> tuple[Any, None]:
@@ -152,46 +162,10 @@ def around_handle_dspark(original: Callable, server_args: Any) -> Any:
         stash[:] = [entry for entry in stash if entry is not gate]
 
 
-def _assign_req_to_token_pool(*args: Any, **kwargs: Any) -> None:
-    from .spec_slots import assign_req_to_token_pool
-
-    assign_req_to_token_pool(*args, **kwargs)
-
-
-def _last_loc_in_torch(*args: Any, **kwargs: Any) -> Any:
-    from sglang.srt.mem_cache.allocation import get_last_loc_torch
-
-    return get_last_loc_torch(*args, **kwargs)
-
-
 def around_reject_out_of_tree_path(original: Callable, platform: Any, *, subsystem: str) -> None:
     if subsystem == DSV4_POOL_SUBSYSTEM:
         return None
     return original(platform, subsystem=subsystem)
-
-
-def _low_ratio_forward_metadata(backend: Any, forward_batch: Any) -> None:
-    from .cpu_ops import low_ratio_forward_metadata
-
-    low_ratio_forward_metadata(backend, forward_batch)
-
-
-def _combine_in_torch(*args: Any, **kwargs: Any) -> Any:
-    from .cpu_ops import combine_in_torch
-
-    return combine_in_torch(*args, **kwargs)
-
-
-def _store_compressed_kv(*args: Any, **kwargs: Any) -> None:
-    from .cpu_ops import store_compressed_kv
-
-    store_compressed_kv(*args, **kwargs)
-
-
-def _store_fp4_index_k_in_torch(*args: Any, **kwargs: Any) -> None:
-    from .cpu_ops import store_fp4_index_k_in_torch
-
-    store_fp4_index_k_in_torch(*args, **kwargs)
 
 
 def base_snapshot_prefill_shared_reads(backend: Any, forward_batch: Any, *, num_qo_tokens: int) -> Any:
@@ -206,12 +180,6 @@ def around_forward_batch_init_new(original: Callable, cls: type, batch: Any, mod
 
     note_schedule_batch(batch, model_runner)
     return original(cls, batch, model_runner, *args, **kwargs)
-
-
-def _after_commit_transfer(*args: Any, **kwargs: Any) -> None:
-    from ..shared.pool_dump import after_commit_transfer
-
-    after_commit_transfer(*args, **kwargs)
 
 
 def cpu_device(*args: Any, **kwargs: Any) -> str:
@@ -255,22 +223,24 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
              around_validate_one_request, "out-of-vocabulary ids get a 400", LAUNCHER),
     CpuPatch("sglang.srt.arg_groups.speculative_hook._handle_dspark", "AROUND", around_handle_dspark,
              "DSpark's device gate on this platform", LAUNCHER),
-    CpuPatch("sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", "REPLACE", _assign_req_to_token_pool,
-             "speculative slots written in torch"),
-    CpuPatch("sglang.srt.mem_cache.allocation.get_last_loc", "REPLACE", _last_loc_in_torch,
+    CpuPatch("sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func", "REPLACE",
+             _deferred(".spec_slots", "assign_req_to_token_pool"), "speculative slots written in torch"),
+    CpuPatch("sglang.srt.mem_cache.allocation.get_last_loc", "REPLACE",
+             _deferred("sglang.srt.mem_cache.allocation", "get_last_loc_torch"),
              "a speculative step's last slots found in torch"),
     CpuPatch("sglang.srt.mem_cache.kv_cache_configurator.reject_out_of_tree_path", "AROUND",
              around_reject_out_of_tree_path, "build the DeepSeek-V4 pool on CPU"),
     CpuPatch(f"{MEMORY_POOL}.select_dsv4_kv_layout", "REPLACE", select_cpu_kv_layout,
              "v41 (B300's choice) or v4 by SGLANG_DSV4_KV_LAYOUT"),
-    CpuPatch(f"{ATTN_BACKEND}.init_forward_metadata", "REPLACE", _low_ratio_forward_metadata,
+    CpuPatch(f"{ATTN_BACKEND}.init_forward_metadata", "REPLACE", _deferred(".cpu_ops", "low_ratio_forward_metadata"),
              "only the cache-write locations of P's layer-L KV writes"),
-    CpuPatch("sglang.kernels.ops.layernorm.mhc.mhc_combine", "REPLACE", _combine_in_torch,
+    CpuPatch("sglang.kernels.ops.layernorm.mhc.mhc_combine", "REPLACE", _deferred(".cpu_ops", "combine_in_torch"),
              "the mHC combine, rounded as on a GPU"),
-    CpuPatch(f"{MEMORY_POOL}.DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused", "REPLACE", _store_compressed_kv,
-             "the compressed-KV store without its JIT-CUDA kernel"),
+    CpuPatch(f"{MEMORY_POOL}.DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused", "REPLACE",
+             _deferred(".cpu_ops", "store_compressed_kv"), "the compressed-KV store without its JIT-CUDA kernel"),
     CpuPatch("sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache.store_fp4_index_k_cache", "REPLACE",
-             _store_fp4_index_k_in_torch, "the fp4 index-key store without Triton's interpreter"),
+             _deferred(".cpu_ops", "store_fp4_index_k_in_torch"),
+             "the fp4 index-key store without Triton's interpreter"),
     CpuPatch(f"{ATTN_BACKEND}._snapshot_prefill_shared_reads", "REPLACE", base_snapshot_prefill_shared_reads,
              "nothing to snapshot"),
     CpuPatch("sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", "ATTRIBUTE",
@@ -278,7 +248,7 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
     CpuPatch("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", "AROUND",
              around_forward_batch_init_new, "prompt lengths for the replay floors"),
     CpuPatch("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AFTER",
-             lambda *args, **kwargs: _after_commit_transfer(*args, **kwargs), "test aid: D's received rows"),
+             _deferred("..shared.pool_dump", "after_commit_transfer"), "test aid: D's received rows"),
     CpuPatch("sglang.srt.layers.rotary_embedding.rope_variant.get_device", "REPLACE", cpu_device,
              "the rope factory's device lookup"),
     CpuPatch("sglang.srt.layers.rotary_embedding.factory.get_rope_wrapper", "AROUND", around_get_rope_wrapper,
@@ -291,8 +261,6 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
 
 
 def _set_attribute(target: str, value: Any) -> None:
-    import importlib
-
     module_path, cls_name, attr = target.rsplit(".", 2)
     cls = getattr(importlib.import_module(module_path), cls_name)
     if not hasattr(cls, attr):

@@ -10,7 +10,7 @@ reader would dequantize the file. `reference_model_from_sglang` fills a V41Model
 Two exceptions: SGLang keeps the compressors' `wkv` / `wgate` and the LM head (fp32 in the checkpoint)
 in bf16 (the head takes the server's default dtype), which rounds them. Those few tensors are read
 from the checkpoint itself, so the reference model computes with the released values (a bf16-rounded
-head moves every logit by about 0.005, enough to flip a near tie against the embedded runtime).
+head moves every logit by about 0.005, enough to flip a near tie against the reference model).
 """
 
 from __future__ import annotations

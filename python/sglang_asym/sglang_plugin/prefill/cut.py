@@ -39,11 +39,6 @@ class PrefillCut:
         """False when N <= W: no layer runs on P and the payload is empty."""
         return self.boundary > 0
 
-    @property
-    def decode_tokens(self) -> int:
-        """Tokens the decode role computes itself: [B, N)."""
-        return self.prompt_len - self.boundary
-
 
 def prefill_cut_for(cfg: V41Config, settings: AsymSettings, prompt_len: int) -> PrefillCut:
     """The cut of a prompt of `prompt_len` tokens for an asym-prefill server's settings."""

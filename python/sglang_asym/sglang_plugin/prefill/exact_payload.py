@@ -216,9 +216,6 @@ class _ChunkTrackingQueue:
         self._local.chunk = chunk
         return chunk
 
-    def put(self, item: Any) -> None:
-        self._queue.put(item)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._queue, name)
 

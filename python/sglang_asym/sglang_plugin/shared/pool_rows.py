@@ -87,9 +87,12 @@ class PoolRows:
                                 f"bytes, the model's {data}+{scales}")
         self._swa_parts = (data, scales)
 
-    def _compressed_offsets(self, owner: int, kind: str, req: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compressed_slots(self, owner: int, req: int, rows: torch.Tensor) -> torch.Tensor:
         ratio = self.ratio[owner]
-        return self._slot_offsets(owner, kind, self.req_to_token[req, rows * ratio].long() // ratio)
+        return self.req_to_token[req, rows * ratio].long() // ratio
+
+    def _compressed_offsets(self, owner: int, kind: str, req: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._slot_offsets(owner, kind, self._compressed_slots(owner, req, rows))
 
     def _slot_offsets(self, owner: int, kind: str, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Byte offsets of the data and scales of compressed slots `loc` of owner's `kind` buffer."""
@@ -162,12 +165,8 @@ class PoolRows:
         return place.fmt.unpack_rows(packed, place.channels).to(dtype)
 
     def write_compressed(self, kind: str, owner: int, req: int, first_row: int, values: torch.Tensor) -> None:
-        if values.shape[0] == 0:
-            return
-        place = (self._kv if kind == "kv" else self._index)[owner]
-        d_off, s_off = self._compressed_offsets(owner, kind, req, torch.arange(first_row, first_row + values.shape[0]))
-        self._scatter(place.buffer, d_off, s_off, place.fmt.pack_rows(values.float()), place.data_bytes,
-                      place.scale_bytes)
+        rows = torch.arange(first_row, first_row + values.shape[0])
+        self.write_compressed_slots(kind, owner, self._compressed_slots(owner, req, rows), values)
 
     def write_compressed_slots(self, kind: str, owner: int, loc: torch.Tensor, values: torch.Tensor) -> None:
         """Owner's compressed rows (`kind` 'kv') or index keys ('index') at SGLang's compressed slots `loc`
