@@ -91,7 +91,8 @@ def in_process(rounds: int, new_tokens: int, preset: str) -> dict:
 
     from sglang_asym.checkpoint.random_init import random_weights
     from sglang_asym.model import V41Model
-    from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+    from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, RequestRows
+    from sglang_plugin.whole_forward import ReferenceForward
     from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 
     from sglang_asym.config import V41Config

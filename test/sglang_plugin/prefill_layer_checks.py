@@ -1,5 +1,5 @@
 """P's forward through SGLang's own model loop with the reference model's blocks as its layers (cpu_platform/
-reference_layer.py) against today's whole-forward reference (reference_forward.py), over two SGLang pools, in a
+reference_layer.py, layer_loop.py) against the whole-forward reference (whole_forward.py), over two SGLang pools, in a
 process of its own (SGLang's parallel state owns torch.distributed). Prints one line `REPORT <json>` with raw facts.
 
     python test/sglang_plugin/prefill_layer_checks.py CHECKPOINT_DIR FORWARD_LOG
@@ -15,6 +15,7 @@ instance that holds only what that path reads (the pool; its metadata comes from
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -94,8 +95,8 @@ def main(checkpoint: str, forward_log: str) -> None:
 
         from sglang_asym.sglang_plugin.cpu_platform.cpu_patch import SCHEDULER
         from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
-        from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (RECORDS, ReferenceForward,
-                                                                              RequestRecord)
+        from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RECORDS, RequestRecord
+        from whole_forward import ReferenceForward
         from sglang_asym.sglang_plugin.cpu_platform.platform import AsymCpuPlatform
         from sglang_on_cpu import build_kv_pool
         from sglang_asym.sglang_plugin.shared.pool_rows import PoolRows
@@ -112,7 +113,7 @@ def main(checkpoint: str, forward_log: str) -> None:
             default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
                                              torch.device("cpu"))
         AsymCpuPlatform().post_load_model(model)  # as the model runner calls it after loading
-        layers = model.forward.layers
+        loop = model.model.layers[0].forward_hc_pre_from_prev.loop
 
         def new_pool():
             pool = build_kv_pool(cfg, full_tokens=FULL_TOKENS, swa_tokens=FULL_TOKENS, max_reqs=4)
@@ -128,15 +129,16 @@ def main(checkpoint: str, forward_log: str) -> None:
             req_to_token[req, :1024] = torch.arange(1024, dtype=torch.int32) + PAGE * (1 + 4 * (req - 1))
         RECORDS.req_to_token, RECORDS.role = req_to_token, "prefill"
 
-        report = {"forward": type(model.forward).__name__, "layers_substituted": [
+        report = {"layer_forward": type(model.model.layers[0].forward_hc_pre_from_prev).__name__,
+                  "loop_role": loop.model.role, "layers_substituted": [
             i for i, layer in enumerate(model.model.layers) if "forward_hc_pre_from_prev" in vars(layer)],
             "cases": {}}
-        reference = layers.model
+        reference = loop.model
         for name, requests, deterministic in CASES:
             pools = {"reference": new_pool(), "sglang_loop": new_pool()}
             before = {k: v.clone() for k, v in _pool_tensors(pools["sglang_loop"]).items()}
             RECORDS.requests = {req: RequestRecord(n, 1000 + req) for req, (n, _) in enumerate(requests, start=1)}
-            layers.deterministic = deterministic
+            loop.setup = dataclasses.replace(loop.setup, deterministic=deterministic)
             # P's chunks, request by request: forward k holds every request's k-th chunk
             chunk_lists = [[0, *ends] for _, ends in requests]
             forwards = []
@@ -145,9 +147,9 @@ def main(checkpoint: str, forward_log: str) -> None:
             tokens = torch.randint(0, cfg.vocab_size, (4, 1024), generator=torch.Generator().manual_seed(5))
             for path, pool in pools.items():
                 RECORDS.kv_pool = pool
-                layers.rows = None  # bind this pool (the model runner's one pool in a server)
-                ref_forward = ReferenceForward(reference, PoolRows(pool, req_to_token, cfg), layers.semantics,
-                                               deterministic, layers.split)
+                loop.plan = None  # bind this pool (the model runner's one pool in a server)
+                ref_forward = ReferenceForward(reference, PoolRows(pool, req_to_token, cfg), loop.setup.semantics,
+                                               deterministic, loop.setup.split)
                 for spans in forwards:
                     batch = Batch(spans, req_to_token)
                     input_ids = torch.cat([tokens[req, start:end] for req, start, end in spans])

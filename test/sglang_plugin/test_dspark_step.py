@@ -20,7 +20,8 @@ from model.helpers import build, prompt
 from sglang_asym.model.dspark import Draft, DSparkDrafter, random_drafter_weights
 from sglang_asym.sglang_plugin.cpu_platform import reference_forward
 from sglang_asym.sglang_plugin.cpu_platform.dspark_step import DraftContexts, VerifyRows, accept_greedy, speculative_step
-from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, RequestRows
+from sglang_plugin.whole_forward import ReferenceForward
 
 from .memory_rows import MemoryRows, Mode
 

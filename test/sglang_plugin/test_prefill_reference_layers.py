@@ -1,4 +1,4 @@
-"""P's forward on CPU through SGLang's own model loop (cpu_platform/reference_layer.py; prefill_layer_checks.py runs it
+"""P's forward on CPU through SGLang's own model loop (cpu_platform/reference_layer.py and layer_loop.py; prefill_layer_checks.py runs it
 in a process of its own, no servers): SGLang's causal-LM forward with P's cut, the reference model's block as each of
 layers 0..19, layer 20's KV path through SGLang's attention backend, writes the same pool as today's whole-forward
 reference (reference_forward.py) for prompts of N = 129, 300 and 1000 (P's prefix in SGLang's 512-token chunks),
@@ -44,7 +44,7 @@ def run(tmp_path_factory):
 
 def test_sglangs_forward_runs_with_the_reference_blocks_as_layers_0_to_19(run):
     report, _ = run
-    assert report["forward"] == "PrefillForward"
+    assert (report["layer_forward"], report["loop_role"]) == ("LayerForward", "prefill")
     assert report["layers_substituted"] == list(range(20))
 
 

@@ -15,8 +15,8 @@ import torch
 
 from model.helpers import build, prompt
 from sglang_asym.sglang_plugin.cpu_platform import reference_forward
-from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, ReferenceForward,
-                                                                     RequestRecord, RequestRows)
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, RequestRecord, RequestRows
+from sglang_plugin.whole_forward import ReferenceForward
 from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV, ReplayMode
 from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
 from sglang_asym.split import Semantics

@@ -12,8 +12,9 @@ import torch
 
 from model.helpers import build, prompt
 from sglang_asym.sglang_plugin.cpu_platform import deterministic
-from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, ReferenceForward, RequestRows,
-                                                                     WindowSplit, pieces)
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, RequestRows, WindowSplit,
+                                                                      pieces)
+from sglang_plugin.whole_forward import ReferenceForward
 from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 
 from .memory_rows import MemoryRows

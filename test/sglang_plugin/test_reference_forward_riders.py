@@ -15,8 +15,9 @@ import torch
 
 from model.helpers import build, prompt
 from sglang_asym.sglang_plugin.cpu_platform import reference_forward
-from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, ReferenceForward, RequestRows,
-                                                         ride_next_decode, take_unridden)
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, RequestRows,
+                                                                      ride_next_decode, take_unridden)
+from sglang_plugin.whole_forward import ReferenceForward
 
 from .memory_rows import MemoryRows, Mode
 

@@ -18,7 +18,8 @@ import torch
 
 from model.helpers import build, prompt
 from sglang_asym.sglang_plugin.cpu_platform import reference_forward
-from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, ReferenceForward, RequestRows
+from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, RequestRows
+from sglang_plugin.whole_forward import ReferenceForward
 
 from .memory_rows import MemoryRows, Mode
 

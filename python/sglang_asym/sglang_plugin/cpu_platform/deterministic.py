@@ -54,17 +54,19 @@ def allow_deterministic_backend() -> None:
 
 
 def check_batch_invariant_forward(model_runner: Any) -> None:
-    """Replaces ModelRunner.maybe_enable_batch_invariant_mode: the reference forward is the batch-invariant
-    part here; a model it does not serve cannot be made batch-invariant on CPU."""
+    """Replaces ModelRunner.maybe_enable_batch_invariant_mode: the reference layers are the batch-invariant
+    part here (layer_loop.py); a model they do not compute cannot be made batch-invariant on CPU."""
+    from .layer_loop import layer_loop_of
+
     if not deterministic_inference():
         return
     if getattr(model_runner, "is_draft_worker", False):
         raise ValueError("--enable-deterministic-inference on sglang-asym's CPU engine: speculative decoding is "
                          "not supported")
-    forward = getattr(model_runner.model, "forward", None)
-    if getattr(forward, "deterministic", None) is not True:
+    loop = layer_loop_of(model_runner.model)
+    if loop is None or not loop.deterministic:
         raise ValueError("--enable-deterministic-inference on sglang-asym's CPU engine needs the DeepSeek-V4.1 "
-                         f"reference forward; {type(model_runner.model).__name__} does not run it")
+                         f"reference layers; {type(model_runner.model).__name__} does not run them")
     log.info("sglang-asym: deterministic inference: each request runs its own forwards, prefills chunk at "
              "fixed multiples of --chunked-prefill-size")
 

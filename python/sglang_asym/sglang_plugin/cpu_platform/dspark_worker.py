@@ -29,12 +29,13 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from ...speculative import drafter_from_checkpoint, max_draft_tokens
 from .dspark_step import DraftContexts, VerifyRows, speculative_step
+from .layer_loop import layer_loop_of
 
 log = logging.getLogger(__name__)
 
 
 class AsymDSparkWorker(BaseSpecWorker):
-    """SGLang's scheduler-facing DSpark worker interface over the reference forward and the project's drafter."""
+    """SGLang's scheduler-facing DSpark worker interface over the CPU route's layer loop and the project's drafter."""
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any, **_: Any) -> None:
         from sglang.srt.runtime_context import get_spec
@@ -45,10 +46,11 @@ class AsymDSparkWorker(BaseSpecWorker):
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = target_worker.device
-        reference = getattr(self.model_runner.model.forward, "reference", None)
+        loop = layer_loop_of(self.model_runner.model)
+        reference = loop.model if loop is not None and loop.full else None
         if reference is None:
             raise ValueError("--speculative-algorithm DSPARK on sglang-asym's CPU engine needs the DeepSeek-V4.1 "
-                             f"reference forward; {type(self.model_runner.model).__name__} does not run it")
+                             f"reference layers; {type(self.model_runner.model).__name__} does not run them")
         drafter = drafter_from_checkpoint(reference, server_args.model_path)
         self.verify_num_draft_tokens = int(get_spec().speculative_num_draft_tokens)
         self.speculative_num_draft_tokens = self.verify_num_draft_tokens

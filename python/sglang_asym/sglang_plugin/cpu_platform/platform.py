@@ -9,10 +9,10 @@ tokenizer manager, detokenizer and HTTP server then run on CPU, torch-native whe
 asked, with no Triton and no device graphs. Being out of tree is what keeps SGLang from reaching for
 its CUDA fallback kernels (`vllm._custom_ops` in the rotary embedding, the sgl-kernel CPU ops of its
 in-tree CPU engine). What the platform cannot decline through its own interface is patched in
-`patches.py`. `post_load_model` sets up DeepSeek-V4.1's forward: on an asym-prefill server SGLang's own
-model loop with P's cut runs, the project's reference model computing each decoder layer
-(`reference_layer.py`); on every other server the reference model over SGLang's pool replaces the
-forward (`reference_forward.py`). `--speculative-algorithm DSPARK` runs the platform's speculative worker
+`patches.py`. `post_load_model` sets up DeepSeek-V4.1's forward: SGLang's own model loop runs on every
+server, the project's reference model computing each decoder layer over SGLang's pool: on an asym-prefill server
+layers 0..L-1 inside P's cut (`reference_layer.py`), on every other server every layer, and the reference head
+as the logits op (`layer_loop.py`). `--speculative-algorithm DSPARK` runs the platform's speculative worker
 (dspark_worker.py) with torch slot-table helpers (spec_slots.py).
 """
 
@@ -82,7 +82,7 @@ class AsymCpuPlatform(CpuDeviceMixin, SRTPlatform):
 
             install_prefill_reference_layers(model)
             return
-        from .reference_forward import install_reference_forward
+        from .layer_loop import install_full_layers
 
-        install_reference_forward(model)
+        install_full_layers(model)
 

@@ -1,58 +1,42 @@
-"""DeepSeek-V4.1's forward inside SGLang's engine on CPU: the project's reference model over SGLang's pool.
+"""How the CPU route's forwards run the reference model over SGLang's pool: the records, the rows, the passes.
 
-`install_reference_forward` runs once the model runner has loaded SGLang's DeepseekV4ForCausalLM
-(the CPU platform's `post_load_model`, on every server but an asym-prefill one, whose forward is SGLang's own
-model loop with the reference model's blocks as its layers: reference_layer.py): it builds the reference model from SGLang's loaded
-parameters (reference_weights.py) and replaces the instance's `forward`. Each call then:
-1. cuts the ForwardBatch into one segment per request (its tokens, first position, req slot, and
-   its prompt length N, which `ForwardBatch.init_new` records from the ScheduleBatch's requests);
-2. applies SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
-   window of layers >= the last KV source only from B on (SGLang's bounded replay, which it turns
-   off on CPU; the floors of SplitPlan). A segment that crosses B runs [start, B) without floors,
-   then [B, end) with them on the grid of the decode worker's window chunks (`pieces`; W and the chunk
-   are the server's settings, `WindowSplit`), so a prompt's window computes exactly as D's steps compute it;
-   a full model's rows before B then run only the layers before the last KV source and that layer's KV path,
-   SGLang's bounded replay (replay_mode.py; SGLANG_ASYM_FULL_COMPUTE=1 runs them through every layer);
-3. per phase, reads each request's rows from SGLang's pool into a throwaway reference cache (window
-   rows from max(0, start - W + 1, the layer's floor), every compressed row and index key, the pending compressor
-   token), runs `V41Model.forward_batch`, and writes the new rows back to the pool at the
-   request's own slots. The pool's bytes are the only request state; nothing survives a call.
-Returns SGLang's LogitsProcessorOutput with each request's last-row logits (every row's in a speculative
-verify batch). A forward SGLang runs with CaptureHiddenMode.FULL (the speculative worker's extend and verify
-forwards, dspark_worker.py) also returns, as `hidden_states`, the drafter's features of every row: the inputs
-of the checkpoint's `dspark_target_layer_ids`, concatenated ([rows, layers * hidden], in batch row order).
-A decode forward also runs
-the rows of any extend batch queued to ride along (`ride_next_decode`: D's window chunks in a mixed
-step) and hands their logits to the rider.
-With SGLang's --enable-deterministic-inference (deterministic.py) step 3 runs every request's piece as
-a forward of its own, so a request's logits do not depend on what else is in the batch, and a verify
-batch's rows one row per forward: a forward of 1 + k rows rounds otherwise than 1 + k one-row decode steps
-(bf16 matmuls of another shape), which can flip an argmax, so only this way do speculative greedy tokens
-equal the same server's without speculation.
+On CPU SGLang's own DeepSeek-V4.1 model loop runs, the reference model computing each decoder layer (layer_loop.py;
+P's layers inside its cut, reference_layer.py). What SGLang's ForwardBatch does not carry, and how a forward's
+rows split into passes, lives here:
+- `ScheduleRecords` (one per scheduler process, `RECORDS`): the model runner's pools, the server's role, each
+  occupied req slot's prompt length N and bootstrap room (handed over by the ForwardBatch.init_new hook), and the
+  window rows queued to ride in the next decode forward (`ride_next_decode`: D's window chunks in a mixed step);
+- `ForwardPlan.request_rows`: one `RequestRows` per request of an extend, decode or verify batch;
+- `pieces` / `phases`: SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
+  window of layers >= the last KV source only from B on (the floors of SplitPlan). A request's rows that cross B
+  run [start, B) without floors, then [B, end) with them on the grid of D's window chunks (W and the chunk are the
+  server's settings, `WindowSplit`), so a prompt's window computes exactly as D's window steps compute it;
+- `ForwardPlan.forward_groups`: the passes of one phase: all its pieces together, or with
+  --enable-deterministic-inference each piece alone (a request's logits then do not depend on its batch), a
+  verify batch's rows one row per pass (a pass of 1 + k rows rounds otherwise than 1 + k one-row decode steps);
+  with bounded replay (replay_mode.py) the full model's rows before B run only up to the last KV source and its
+  KV path, in passes of their own.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ...cache import CacheSet, CacheSizing, RequestCache
+from ...cache import CacheSizing
 from ...config import V41Config
-from ...model.model import SegmentInput, SegmentOutput, V41Model
+from ...model.model import V41Model
 from ...sched.config import chunk_rows_for
 from ...split import Semantics, SplitPlan
-from ..shared.pool_dump import dump, dump_dir, log_forward, transferred_extent
 from .kv_layout import cpu_kv_layout_name
 from .replay_mode import ReplayMode
 from ..shared.kv_pool import row_format_of_layout
 from ..shared.pool_rows import PoolRows
 from ..prefill.cut import prompt_len_of
-from . import pool_cache
 from .reference_weights import reference_model_from_sglang
 
 log = logging.getLogger(__name__)
@@ -149,7 +133,7 @@ class RequestRows:
 
 
 @dataclass
-class _RowsOutput:
+class RowsOutput:
     """What one request's pieces of a forward give: the last piece's logits count (every piece's, in order,
     for verify rows), and each piece's captured layer inputs, concatenated per row."""
 
@@ -219,8 +203,8 @@ class Rider:
 
 def ride_next_decode(forward_batch: Any, on_logits: Callable[[torch.Tensor], None], work: Any = None) -> Rider:
     """Queues an extend ForwardBatch's rows for the next decode forward of this scheduler process."""
-    rider = Rider(tuple(ReferenceForward.request_rows(forward_batch.input_ids, forward_batch.positions,
-                                                      forward_batch)), on_logits, work)
+    rider = Rider(tuple(ForwardPlan.request_rows(forward_batch.input_ids, forward_batch.positions, forward_batch)),
+                  on_logits, work)
     RECORDS.riders.append(rider)
     return rider
 
@@ -230,14 +214,15 @@ def take_unridden() -> list[Rider]:
     return RECORDS.take_riders()
 
 
-def _captures_every_row(forward_batch: Any) -> bool:
+def captures_every_row(forward_batch: Any) -> bool:
     """Whether SGLang runs this forward with CaptureHiddenMode.FULL (a speculative worker's forwards)."""
     mode = getattr(forward_batch, "capture_hidden_mode", None)
     return mode is not None and bool(mode.is_full())
 
 
-class ReferenceForward:
-    """The forward that replaces DeepseekV4ForCausalLM.forward on the CPU platform."""
+class ForwardPlan:
+    """How a forward's rows run over the pool: in which passes, which rows stop at the last KV source, which
+    layers' window rows a pass reads and writes (layer_loop.py runs the plan; so does the tests' whole-forward)."""
 
     def __init__(self, model: V41Model, rows: PoolRows, semantics: Semantics, deterministic: bool = False,
                  split: WindowSplit | None = None, replay: ReplayMode = ReplayMode()) -> None:
@@ -255,64 +240,11 @@ class ReferenceForward:
         self.swa_layers = tuple(plan.encoder_layers if model.role == "prefill" else range(self.cfg.num_hidden_layers))
         self.replay = replay if model.role == "full" else ReplayMode(bounded=False)
         self.late_layers = range(plan.last_kv_source, self.cfg.num_hidden_layers)
-        self.forwards = 0
-        self.last_pieces: list[tuple[tuple[int, ...], list[RequestRows]]] = []  # run_rows': each forward's layers, rows
-
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
-                 **kwargs: Any) -> Any:
-        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-
-        rows = self.request_rows(input_ids, positions, forward_batch)
-        if not rows:
-            return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.cfg.vocab_size))
-        decoding = forward_batch.forward_mode.is_decode()
-        verifying = rows[0].verify
-        capture = self.feature_layers if _captures_every_row(forward_batch) else ()
-        riders = take_unridden() if decoding and not capture else []
-        ridden = [r for rider in riders for r in rider.rows]
-        started = time.perf_counter()
-        logits, layers, features = self.run_rows(rows + ridden, capture)
-        self.forwards += 1
-        mode = "mixed" if riders else "decode" if decoding else "verify" if verifying else "extend"
-        log_forward(RECORDS.role, mode, sorted(layers),
-                    [(RECORDS.room(r.req), r.start, r.end) for r in rows + ridden], time.perf_counter() - started,
-                    decode_rows=len(rows) if decoding else 0,
-                    pieces=[(ran, [(RECORDS.room(r.req), r.start, r.end) for r in done]) for ran, done in self.last_pieces])
-        if self.model.role == "prefill":  # no head: the prefill role's placeholder token is never used
-            return LogitsProcessorOutput(next_token_logits=torch.zeros(len(rows), self.cfg.vocab_size))
-        # an extend chunk that ends before B ran no head (bounded replay): SGLang discards a chunked prompt's sample
-        logits = [torch.zeros(self.cfg.vocab_size) if out is None else out for out in logits]
-        hidden = torch.cat(features[:len(rows)]) if capture else None
-        if verifying:  # every row's logits, request after request: [sum of rows, V]
-            return LogitsProcessorOutput(next_token_logits=torch.cat(logits).float(), hidden_states=hidden)
-        at = len(rows)
-        for rider in riders:
-            rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
-            at += len(rider.rows)
-        return LogitsProcessorOutput(next_token_logits=torch.stack(logits[:len(rows)]).float(), hidden_states=hidden)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         """The layers whose inputs the DSpark drafter reads (the checkpoint's dspark_target_layer_ids)."""
         return tuple(self.cfg.dspark_target_layer_ids)
-
-    def run_rows(self, rows: Sequence[RequestRows], capture: tuple[int, ...] = ()
-                 ) -> tuple[list[torch.Tensor | None], set[int], list[torch.Tensor]]:
-        """Runs the requests' rows over the pool: each request's last-row logits (every row's, [rows, V], for
-        verify rows; None in the prefill role), the layers that ran, and with `capture` each request's
-        captured layer inputs, concatenated per row ([rows, len(capture) * hidden]; [] without capture)."""
-        outs = [_RowsOutput() for _ in rows]
-        layers: set[int] = set()
-        self.last_pieces = []
-        for phase in phases(rows, self.cfg, self.split.window, self.semantics, self.split.chunk,
-                            verify_by_row=self.deterministic):
-            for group in self.forward_groups(phase, capture):
-                for (i, r, _), (logits, features) in zip(group, self._run(group, capture)):
-                    outs[i].add(r, logits, [features[layer] for layer in capture])
-                layers.update(self.model.layers_run)
-                self.last_pieces.append((tuple(self.model.layers_run), [r for _, r, _ in group]))
-        features = [torch.cat(out.features) for out in outs] if capture else []
-        return [out.logits() for out in outs], layers, features
 
     def forward_groups(self, phase: list[tuple[int, RequestRows, dict[int, int]]], capture: tuple[int, ...] = ()
                        ) -> list[list[tuple[int, RequestRows, dict[int, int]]]]:
@@ -358,62 +290,12 @@ class ReferenceForward:
             at += n
         return out
 
-    def _run(self, phase: list[tuple[int, RequestRows, dict[int, int]]], capture: tuple[int, ...] = ()
-             ) -> list[tuple[torch.Tensor | None, dict[int, torch.Tensor]]]:
-        longest = max(r.end for _, r, _ in phase)
-        sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
-                             max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
-        caches = self.model.new_cache_set(sizing)
-        short = self.to_kv_source_only(phase[0][1], capture)  # forward_groups keeps such pieces apart
-        inputs = [SegmentInput(r.tokens, self._load(caches, r, floors, short), "all" if r.verify else "last", capture)
-                  for _, r, floors in phase]
-        try:
-            if short:
-                self.model.forward_batch_to_kv_source(inputs)
-                outputs = [SegmentOutput(None) for _ in inputs]
-            else:
-                outputs = self.model.forward_batch(inputs)
-            for (_, r, _), item in zip(phase, inputs):
-                self._store(item.cache, r, short)
-                if dump_dir() is not None and r.prompt_len is not None:  # test aid (shared/pool_dump.py)
-                    extent = transferred_extent(self.cfg, r.prompt_len)
-                    if r.end == extent.num_tokens:
-                        dump(self.rows, RECORDS.role, RECORDS.room(r.req), r.req, extent)
-        finally:
-            for item in inputs:
-                item.cache.release()
-        return [(o.logits, o.captured) for o in outputs]
-
-    def _load(self, caches: CacheSet, r: RequestRows, floors: dict[int, int], short: bool = False) -> RequestCache:
-        """A throwaway reference cache holding what the pool holds for `r` before its rows."""
-        dtype, rows = self.model.dtype, self.rows
-        cache = caches.new_request()
-        for layer in self.swa_layers:
-            if layer not in self._window_layers(short):  # bounded replay's prefix rows: no window there
-                cache.start_swa_at(layer, r.start)
-                continue
-            # rows below a floor are never read (and bounded replay never wrote them)
-            pool_cache.load_window(rows, cache, layer, r.req, r.start, self.window, dtype, floors.get(layer, 0))
-        for owner in rows.ratio:
-            pool_cache.load_compressed(rows, cache, owner, r.req, r.start, dtype)
-        cache.swa_floor.update(floors)
-        cache.pos = r.start
-        return cache
-
-    def _window_layers(self, short: bool) -> tuple[int, ...]:
+    def window_layers(self, short: bool) -> tuple[int, ...]:
         """The layers whose window rows a piece reads from the pool and writes back (`short`: bounded replay's
         rows before B, which touch none from the last KV source on: no later row reads them)."""
         if short:
             return tuple(layer for layer in self.swa_layers if layer not in self.late_layers)
         return self.swa_layers
-
-    def _store(self, cache: RequestCache, r: RequestRows, short: bool = False) -> None:
-        """The rows the forward added for `r`, written to the pool at the request's slots."""
-        for layer in self._window_layers(short):
-            pool_cache.store_window(self.rows, cache, layer, r.req, r.start, r.end)
-        for owner in self.rows.ratio:
-            pool_cache.store_compressed(self.rows, cache, owner, r.req, r.start, r.end, r.verify)
-
 
 @dataclass(frozen=True)
 class ReferenceSetup:
@@ -450,41 +332,3 @@ def reference_setup(sglang_model: torch.nn.Module) -> ReferenceSetup | None:
     replay = ReplayMode.from_environment() if role == "full" else ReplayMode(bounded=False)
     return ReferenceSetup(reference, semantics, bool(server_args.enable_deterministic_inference),
                           WindowSplit.of(settings, cfg), replay)
-
-
-def install_reference_forward(sglang_model: torch.nn.Module) -> None:
-    """Builds the reference model from SGLang's loaded V4.1 model and makes it the model's forward.
-    Other architectures are left alone."""
-    setup = reference_setup(sglang_model)
-    if setup is None:
-        return
-    sglang_model.forward = _LazyPoolBinding(setup.model, setup.semantics, setup.deterministic, setup.split,
-                                            setup.replay)
-    log.info("sglang-asym: DeepSeek-V4.1 (%s role, %s%s, %s caches, W %d in %d-row chunks, %s) runs the reference "
-             "forward over SGLang's pool on CPU", setup.model.role, setup.semantics.value,
-             ", deterministic" if setup.deterministic else "", setup.model.quant.mode, setup.split.window,
-             setup.split.chunk, setup.replay.label)
-
-
-class _LazyPoolBinding:
-    """The model runner builds its KV pool after loading the model: bind it on the first call."""
-
-    def __init__(self, reference: V41Model, semantics: Semantics, deterministic: bool, split: WindowSplit,
-                 replay: ReplayMode = ReplayMode()) -> None:
-        self.reference, self.semantics, self.deterministic, self.split = reference, semantics, deterministic, split
-        self.replay = replay
-        self.bound: ReferenceForward | None = None
-
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
-                 **kwargs: Any) -> Any:
-        if self.bound is None:
-            if RECORDS.kv_pool is None:
-                raise RuntimeError("the model runner's pools were never seen (the init_new hook did not run)")
-            rows = PoolRows(RECORDS.kv_pool, RECORDS.req_to_token, self.reference.cfg)
-            if rows.row_format != self.reference.quant.mode:
-                raise RuntimeError(f"SGLang's pool holds {rows.row_format} rows, the reference model quantizes its "
-                                   f"caches as {self.reference.quant.mode}")
-            self.bound = ReferenceForward(self.reference, rows, self.semantics, self.deterministic, self.split,
-                                          self.replay)
-        with torch.no_grad():
-            return self.bound(input_ids, positions, forward_batch, *args, **kwargs)
