@@ -93,7 +93,7 @@ def in_process(rounds: int, new_tokens: int, preset: str) -> dict:
     from sglang_asym.model import V41Model
     from sglang_asym.sglang_plugin.cpu_platform.reference_forward import DEFAULT_SEMANTICS, RequestRows
     from sglang_plugin.whole_forward import ReferenceForward
-    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+    from harness.sglang_shapes import sglang_small
 
     from sglang_asym.config import V41Config
 

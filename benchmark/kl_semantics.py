@@ -31,9 +31,11 @@ from sglang_asym.asym import run_prefix, run_reference, run_window
 from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.split import Semantics, SplitPlan
-from sglang_asym.verify import Models, random_prompt
 
 from kl_trained import run_trained
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test/harness/
+from harness.verify import Models, random_prompt  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

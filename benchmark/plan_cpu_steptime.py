@@ -37,9 +37,9 @@ from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.model.model import SegmentInput
 from sglang_asym.model.steps import prefill
-from sglang_asym.verify import Models, random_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # the harness: the CPU step-time model
+from harness.verify import Models, random_prompt  # noqa: E402
 from harness.cpu_step_model import decode_loop_samples, fit_prefill, fit_step, speed_check  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,8 +25,8 @@ from process_memory import process_tree  # benchmark/ is the script's own folder
 from sglang_asym.checkpoint import write_tokenizer
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test/harness/
+from harness.sglang_shapes import sglang_small  # noqa: E402
 from harness.server_process import post, start_server, wait_healthy  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from sglang_asym.model.loading import model_from_checkpoint
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))  # test/harness/
+from harness.sglang_shapes import sglang_small  # noqa: E402
 from harness.pair_reference import pair_greedy  # noqa: E402
 from harness.router_launch import RouterFlavor  # noqa: E402
 

@@ -184,7 +184,7 @@ def ratios(pairs: dict, n: int) -> dict:
 def serving_config(context: int):
     """sglang_small (SGLang's pool geometry, 16,384 positions) with at least `context` positions: the YaRN
     factor over its original 4,096 positions grows to the next power of two that holds them."""
-    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+    from harness.sglang_shapes import sglang_small
 
     cfg = sglang_small()
     scaling = dict(cfg.rope_scaling)

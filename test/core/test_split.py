@@ -10,7 +10,7 @@ from sglang_asym.asym import run_prefix
 from sglang_asym.cache import CacheSizing, index_group, kv_group
 from sglang_asym.config import V41Config
 from sglang_asym.layer_plan import LayerPlan
-from sglang_asym.verify import Models, random_prompt, verify
+from harness.verify import Models, random_prompt, verify
 
 W = 128
 LENGTHS = [1, 2, W - 1, W, W + 1, W + 2, 2 * W + 1, 1000, 4097]

@@ -11,7 +11,7 @@ from sglang_asym.asym import PrefixMismatch, run_prefix, run_window
 from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.split import SplitError, SplitPlan
-from sglang_asym.verify import Models, random_prompt
+from harness.verify import Models, random_prompt
 
 SIZING = CacheSizing(max_requests=2, max_tokens=600)
 

@@ -29,8 +29,7 @@ import sglang.srt.server_args  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # test/, for the harness
-from harness.lifetime import die_with_parent  # noqa: E402
+from harness.lifetime import die_with_parent  # test/ is on PYTHONPATH (script_runs.python_env)
 
 
 def _exit_status(exc: SystemExit) -> int:

@@ -109,7 +109,7 @@ def main(checkpoint: str) -> None:
         from sglang.srt.runtime_context import SpawnRanks
 
         from sglang_asym.sglang_plugin.cpu_platform.cpu_patch import SCHEDULER
-        from sglang_asym.sglang_plugin.cpu_platform.layer_loop import install_full_reference_layers
+        from sglang_asym.sglang_plugin.cpu_platform.layer_loop import install_full_layers
         from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
         from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (RECORDS, RequestRecord,
                                                                               reference_setup, ride_next_decode)
@@ -128,8 +128,8 @@ def main(checkpoint: str) -> None:
         with cpu_adjustments():
             default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
                                              torch.device("cpu"))
-        setup = reference_setup(model)
-        loop = install_full_reference_layers(model, setup)
+        loop = install_full_layers(model)
+        setup = loop.setup
         from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
         from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
 

@@ -29,7 +29,7 @@ def main(rows: int, forward_log: str) -> None:
     from sglang_asym.sglang_plugin.prefill.cut_hook import cut_of, install_prefill_cut
     from sglang_asym.sglang_plugin.prefill.role import PrefillRole
     from sglang_on_cpu import sglang_cpu_context
-    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+    from harness.sglang_shapes import sglang_small
 
     cfg = sglang_small()
     role = PrefillRole.from_config(cfg)

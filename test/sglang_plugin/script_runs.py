@@ -20,9 +20,15 @@ RUNNER = Path(__file__).resolve().with_name("fork_runner.py")
 RUNNER_START_S = 120.0  # the runner's own imports, on a loaded 2-core host
 
 
+TEST_DIR = Path(__file__).resolve().parents[1]  # on the path of every process started here: the harness
+
+
 def python_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of every process these tests start: only this plugin allowed, no warnings."""
-    return dict(os.environ, SGLANG_PLUGINS="sglang_asym", PYTHONWARNINGS="ignore", **(extra_env or {}))
+    """The environment of every process these tests start: only this plugin allowed, no warnings, test/ (the
+    harness) on the path."""
+    path = os.pathsep.join(p for p in (str(TEST_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, SGLANG_PLUGINS="sglang_asym", PYTHONWARNINGS="ignore", PYTHONPATH=path,
+                **(extra_env or {}))
 
 
 class ForkRunner:

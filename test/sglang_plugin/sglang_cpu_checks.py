@@ -344,7 +344,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     from sglang_asym.sglang_plugin.shared import pool_payload as pp
     from sglang_asym.sglang_plugin.shared.kv_pool import row_format_of_layout
     from sglang_on_cpu import sglang_cpu_context
-    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+    from harness.sglang_shapes import sglang_small
     from sglang_asym.split import SplitPlan
 
     cfg, n, window = sglang_small(), int(prompt_len), 128

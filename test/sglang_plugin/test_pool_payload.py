@@ -11,7 +11,7 @@ import json
 import pytest
 
 from sglang_asym.formats.codec import E2M1_LEVELS
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+from harness.sglang_shapes import sglang_small
 from sglang_asym.split import SplitPlan
 
 from .conftest import REPO, run_python

@@ -13,7 +13,7 @@ import pytest
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
 from sglang_asym.sglang_plugin.prefill.role import PrefillRole
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+from harness.sglang_shapes import sglang_small
 
 from .conftest import REPO, run_python
 

@@ -14,6 +14,7 @@ from model.helpers import build, prompt
 from sglang_asym.sglang_plugin.cpu_platform import deterministic
 from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (DEFAULT_SEMANTICS, RequestRows, WindowSplit,
                                                                       pieces)
+from sglang_asym.sglang_plugin.cpu_platform.layer_loop import LayerForward
 from sglang_plugin.whole_forward import ReferenceForward
 from sglang_asym.sglang_plugin.shared.settings import AsymSettings
 
@@ -76,12 +77,20 @@ def test_prefill_chunks_align_to_the_chunk_size_only_when_deterministic(monkeypa
         assert scheduler.truncation_align_size == expected, (enabled, chunk)
 
 
+def _runner_with_layer_loop(deterministic_loop: bool) -> SimpleNamespace:
+    """A model runner whose causal LM's first layer computes through a (stand-in) layer loop."""
+    loop = SimpleNamespace(deterministic=deterministic_loop)
+    layer = SimpleNamespace(forward_hc_pre_from_prev=LayerForward(loop, 0, None))
+    return SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(layers=[layer], start_layer=0)))
+
+
 def test_the_model_runner_check_refuses_a_forward_that_is_not_batch_invariant(monkeypatch):
     monkeypatch.setattr(deterministic, "deterministic_inference", lambda: True)
-    batch_invariant = SimpleNamespace(model=SimpleNamespace(forward=SimpleNamespace(deterministic=True)))
-    deterministic.check_batch_invariant_forward(batch_invariant)
+    deterministic.check_batch_invariant_forward(_runner_with_layer_loop(True))
+    with pytest.raises(ValueError, match="needs the DeepSeek-V4.1 reference layers; SimpleNamespace does not run them"):
+        deterministic.check_batch_invariant_forward(_runner_with_layer_loop(False))
     plain = SimpleNamespace(model=torch.nn.Linear(1, 1))
-    with pytest.raises(ValueError, match="needs the DeepSeek-V4.1 reference forward; Linear does not run it"):
+    with pytest.raises(ValueError, match="needs the DeepSeek-V4.1 reference layers; Linear does not run them"):
         deterministic.check_batch_invariant_forward(plain)
     monkeypatch.setattr(deterministic, "deterministic_inference", lambda: False)
     deterministic.check_batch_invariant_forward(plain)  # flag off: nothing to check

@@ -24,7 +24,7 @@ def sglang_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sglang_tiny_checkpoint(tmp_path_factory) -> Path:
-    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
+    from harness.sglang_shapes import sglang_tiny
 
     return write_sglang_checkpoint(tmp_path_factory.mktemp("sglang_tiny_ckpt"), sglang_tiny())
 

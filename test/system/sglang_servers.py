@@ -43,7 +43,7 @@ def write_sglang_checkpoint(out: Path, cfg: Any = None) -> Path:
     from sglang_asym.checkpoint import write_tokenizer
     from sglang_asym.checkpoint.quantization import without_quantization
     from sglang_asym.checkpoint.writer import write_checkpoint
-    from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_small
+    from harness.sglang_shapes import sglang_small
 
     cfg = sglang_small() if cfg is None else cfg
     write_checkpoint(out, without_quantization(cfg), seed=11, precision="release", num_shards=3, progress=False)

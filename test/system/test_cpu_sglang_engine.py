@@ -34,7 +34,7 @@ import pytest
 from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
 from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
+from harness.sglang_shapes import sglang_tiny
 from harness.router_launch import RouterFlavor
 from harness.server_process import post
 

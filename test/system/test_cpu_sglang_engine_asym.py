@@ -34,7 +34,7 @@ import pytest
 from harness.router_launch import RouterFlavor
 from harness.server_process import post
 from sglang_asym.layer_plan import LayerPlan
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
+from harness.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan
 
 from .helpers import serving

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
+from harness.sglang_shapes import sglang_tiny
 from harness.router_launch import RouterFlavor
 
 from .helpers import serving

@@ -30,7 +30,7 @@ import pytest
 
 from harness.router_launch import RouterFlavor, RouterProcess, WorkerHealth
 from harness.server_process import ServerProcess, post, wait_healthy
-from sglang_asym.sglang_plugin.shared.sglang_shapes import sglang_tiny
+from harness.sglang_shapes import sglang_tiny
 from sglang_asym.split import SplitPlan
 
 from . import faults

@@ -1,5 +1,5 @@
 """The CPU route: SGLang's own engine on a CPU machine, as an out-of-tree SGLang platform (platform.py), the
-patches SGLang needs there (patches.py) and the project's reference forward over SGLang's pool.
+patches SGLang needs there (patches.py) and the project's reference model computing SGLang's layers over its pool.
 
 This package imports no SGLang: interpreter start-up (startup.py) and SGLang's platform resolution load it."""
 

@@ -3,7 +3,7 @@
 On a GPU SGLang gets batch invariance from its kernels (a deterministic attention backend, Triton
 batch-invariant matmuls) and aligns chunked prefills to the attention backend's split tiles. On this
 platform the forward is the project's reference model, so the flag means instead:
-- the reference forward runs every (request, piece) of a batch as a forward of its own, so nothing
+- each reference layer runs every (request, piece) of a batch as a pass of its own, so nothing
   another request adds to a batch changes a request's sums (`reference_forward.py`), and the rows of a
   speculative verify batch (DSpark, dspark_worker.py) one row per forward, so speculation does not change
   a greedy request's tokens;
@@ -20,7 +20,7 @@ three places would refuse or crash on CPU and are changed here, on this platform
              extension point for this (add_deterministic_attention_backend_choices)
   scheduler  ModelRunner.maybe_enable_batch_invariant_mode    REPLACE  SGLang's Triton batch-invariant aten
              kernels register for CUDA / XPU / NPU and raise without an accelerator; here it checks that
-             the installed reference forward runs batch-invariant instead
+             the installed reference layers run batch-invariant instead
   scheduler  Scheduler.init_deterministic_inference_config    AFTER    truncation_align_size =
              chunked_prefill_size (SGLang aligns only for flashinfer's split tiles)
 """

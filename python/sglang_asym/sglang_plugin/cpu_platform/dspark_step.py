@@ -1,7 +1,7 @@
 """One greedy speculative step of SGLang's DSpark decoding on CPU, over plain tensors (no SGLang imports).
 
 The platform's speculative worker (dspark_worker.py) drives SGLang's scheduler; this module is what it does
-per step, so it can be tested against the reference forward without servers:
+per step, so it can be tested against the whole-forward reference without servers:
   draft     each request's drafter context (`DraftContexts`, by SGLang req slot and checked against the
             request id) proposes k tokens after the bonus token (the last committed token, at position
             seq_len, not yet run by the target);

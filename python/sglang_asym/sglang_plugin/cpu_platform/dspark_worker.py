@@ -110,7 +110,7 @@ class AsymDSparkWorker(BaseSpecWorker):
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         features = result.logits_output.hidden_states
         if features is None:
-            raise RuntimeError("the reference forward returned no drafter features for a FULL-capture extend")
+            raise RuntimeError("the reference layers returned no drafter features for a FULL-capture extend")
         at = 0
         for req, slot, prefix, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.prefix_lens,
                                         batch.extend_lens):

@@ -1,6 +1,6 @@
 """The DeepSeek-V4 pool layout SGLang's engine on CPU builds: SGLANG_DSV4_KV_LAYOUT=v41 or v4, `auto` (the
 default) taking v41, what SGLang picks on a B300 (SM103). Read by the pool's layout patch (patches.py) and by
-the reference forward, whose caches are quantized as the pool stores its rows."""
+the reference layers, whose caches are quantized as the pool stores its rows."""
 
 from __future__ import annotations
 

@@ -1,27 +1,17 @@
 """SGLang's own DeepSeek-V4.1 model loop on CPU, the reference model computing each decoder layer over SGLang's pool.
 
-SGLang's causal LM forward runs as SGLang runs it on a non-CUDA platform: the embedding, `hc_broadcast`,
-`_forward_impl` and its layer loop `_forward_layers_hc_pre_from_prev` and its epilogue. What is substituted is each
-decoder layer's `forward_hc_pre_from_prev` (SGLang's NonCudaDecoderMixin: TileLang mix statistics, JIT-CUDA rope and
-MoE clamp): layer i runs the reference model's block i (model/block.py) over the forward's rows (`LayerLoop`). Where:
-- every server but an asym-prefill one (`install_full_layers`): every layer, then SGLang's final mHC combine and
-  norm (their output unused) and the logits op, the causal LM's `logits_processor`, which is the reference head's
-  logits computed when the last layer ran (`ReferenceHead`: the head as one op, so the logits equal the
-  reference's);
-- asym-prefill (reference_layer.py): layers 0..L-1 inside P's cut (prefill/cut_hook.py), no head.
-The mHC state is the same on both sides: SGLang's `HcState(residual, pre)` is the reference's (streams, pre); the
-loop's first state has no pre (SGLang's combine then reads stream 0), the reference's first is one-hot on stream 0.
-
-A forward's rows run in the passes of reference_forward.ForwardPlan (the semantics' floors on the window-chunk grid
-from B, bounded replay's prefix rows up to the last KV source's KV path, and with --enable-deterministic-inference
-each request, each verify row, alone). Pass k of a layer runs after pass k - 1 of that layer and reads what it wrote
-to the pool: each pass reads and writes only its own rows of each request (its window rows and, on a KV owner, its
-compressed rows, index keys and pending token, pool_cache.py), and what flows from layer to layer inside a pass (each
-request's index selection and candidate blocks, an owner's new compressed rows) lives in the pass's throwaway
-reference caches. So each block call has the rows and inputs it has in the whole-forward order (the tests' oracle,
-test/sglang_plugin/whole_forward.py, which full_layer_checks.py and prefill_layer_checks.py compare byte for byte).
-A decode forward also runs the window rows queued to ride along (`ride_next_decode`), as rows after SGLang's own,
-whose streams the loop carries between layers; the riders get their logits when the last layer ran.
+What is substituted is each decoder layer's `forward_hc_pre_from_prev` (SGLang's NonCudaDecoderMixin: TileLang mix
+statistics, JIT-CUDA rope and MoE clamp), by the reference model's block (`LayerLoop.run_layer`): on every server but
+an asym-prefill one every layer, plus the logits op, whose logits the reference head computed when the last layer ran
+(`ReferenceHead`; SGLang's final combine and norm run unused), `install_full_layers`; on asym-prefill layers 0..L-1
+inside P's cut, reference_layer.py. SGLang's `HcState(residual, pre)` is the reference's (streams, pre); the loop's
+first state has no pre, the reference's first is one-hot on stream 0 (the same collapse).
+A forward's rows run in the passes of reference_forward.ForwardPlan, each layer running its passes in turn: a pass
+reads that layer's rows of each request from the pool into its throwaway reference caches (which carry what flows
+between layers: index selections, candidate blocks, an owner's new compressed rows) and writes its new rows back,
+where the next pass of the layer reads them. So each block call has the rows and inputs of the whole-forward order
+(the tests' oracle, test/sglang_plugin/whole_forward.py). Window rows riding in a decode forward (`ride_next_decode`)
+run as rows after SGLang's own, their streams carried between layers here.
 """
 
 from __future__ import annotations
@@ -118,7 +108,7 @@ class LayerLoop:
         requests = ForwardPlan.request_rows(input_ids, positions, forward_batch)
         if not self.full:
             self._check_prefix_rows(requests, forward_batch)
-        capture = tuple(self.cfg.dspark_target_layer_ids) if captures_every_row(forward_batch) else ()
+        capture = plan.feature_layers if captures_every_row(forward_batch) else ()
         riders = take_unridden() if self.full and forward_batch.forward_mode.is_decode() and not capture else []
         own = len(requests)
         requests = requests + [r for rider in riders for r in rider.rows]
@@ -376,36 +366,27 @@ class FullForward:
             return self.forward(input_ids, positions, forward_batch, *args, **kwargs)
 
 
-def install_full_reference_layers(causal_lm: torch.nn.Module, setup: ReferenceSetup) -> LayerLoop:
-    """Makes the reference model's blocks SGLang's decoder layers and its head SGLang's logits op."""
-    if setup.model.role != "full":
-        raise LayerLoopError("install_full_reference_layers needs the full role's reference model")
-    model = causal_lm.model
-    if not getattr(model, "hc_pre_from_prev_sublayer", False):
-        raise LayerLoopError("the model does not run V4.1's hc_pre_from_prev layer loop")
-    if (model.start_layer, model.end_layer) != (0, setup.model.cfg.num_hidden_layers):
-        raise LayerLoopError(f"layers [{model.start_layer}, {model.end_layer}) of {setup.model.cfg.num_hidden_layers}:"
-                             " the CPU route runs one pipeline stage holding every layer")
-    loop = LayerLoop(setup, setup.model.cfg.num_hidden_layers - 1)
-    substitute_layers(model, loop)
-    causal_lm.logits_processor = ReferenceHead(loop)
-    causal_lm.forward = FullForward(causal_lm.forward, loop)
-    return loop
-
-
 def install_full_layers(causal_lm: torch.nn.Module) -> LayerLoop | None:
     """The CPU platform's model setup for every server but an asym-prefill one: the full role's reference model from
-    SGLang's loaded parameters (reference_forward.reference_setup), its blocks as SGLang's layers, its head as the
-    logits op. Other architectures are left alone."""
+    SGLang's loaded parameters (reference_forward.reference_setup), its blocks as SGLang's decoder layers, its head as
+    SGLang's logits op. Other architectures are left alone."""
     from .reference_forward import reference_setup
 
     setup = reference_setup(causal_lm)
     if setup is None:
         return None
-    loop = install_full_reference_layers(causal_lm, setup)
+    model, layers = causal_lm.model, setup.model.cfg.num_hidden_layers
+    if setup.model.role != "full" or not getattr(model, "hc_pre_from_prev_sublayer", False):
+        raise LayerLoopError("install_full_layers needs the full model running V4.1's hc_pre_from_prev layer loop")
+    if (model.start_layer, model.end_layer) != (0, layers):
+        raise LayerLoopError(f"layers [{model.start_layer}, {model.end_layer}) of {layers}: the CPU route runs one "
+                             "pipeline stage holding every layer")
+    loop = LayerLoop(setup, layers - 1)
+    substitute_layers(model, loop)
+    causal_lm.logits_processor = ReferenceHead(loop)
+    causal_lm.forward = FullForward(causal_lm.forward, loop)
     log.info("sglang-asym: DeepSeek-V4.1 runs SGLang's model loop on CPU, the reference model's block as each of its "
-             "%d layers and its head as the logits op (%s%s, %s caches, W %d in %d-row chunks, %s)",
-             setup.model.cfg.num_hidden_layers, setup.semantics.value,
-             ", deterministic" if setup.deterministic else "", setup.model.quant.mode, setup.split.window,
-             setup.split.chunk, setup.replay.label)
+             "%d layers and its head as the logits op (%s%s, %s caches, W %d in %d-row chunks, %s)", layers,
+             setup.semantics.value, ", deterministic" if setup.deterministic else "", setup.model.quant.mode,
+             setup.split.window, setup.split.chunk, setup.replay.label)
     return loop

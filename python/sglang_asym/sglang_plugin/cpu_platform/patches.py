@@ -24,8 +24,8 @@ Scheduler:
   deepseek_v4_memory_pool.select_dsv4_kv_layout  REPLACE  the pool layout: SGLANG_DSV4_KV_LAYOUT=v4 or
                         v41; `auto` (the default) takes v41, what SGLang picks on a B300 (SM103)
   DeepseekV4AttnBackend.init_forward_metadata    REPLACE  no FlashMLA / DeepGEMM metadata, only the cache-write
-                        locations P's layer-L KV writes read (cpu_ops.py); the reference forward and the
-                        reference layers read the pool through ForwardBatch themselves
+                        locations P's layer-L KV writes read (cpu_ops.py); the reference layers read the pool
+                        through ForwardBatch themselves
   layernorm.mhc.mhc_combine                      REPLACE  the mHC combine in torch (cpu_ops.py): SGLang's Triton
                         kernel, under Triton's CPU interpreter, truncates where a GPU rounds to nearest
   DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused  REPLACE  the compressed-KV store of P's layer L in
@@ -36,7 +36,7 @@ Scheduler:
   DeepseekV4AttnBackend._snapshot_prefill_shared_reads  REPLACE  the base backend's (nothing to snapshot)
   MooncakeKVSender.supports_host_tensor_indices  ATTRIBUTE False: P's send path would pin host memory
                         and record a torch.cuda.Event for indices that are already on the host
-  ForwardBatch.init_new                          AROUND   hand the reference forward each request's
+  ForwardBatch.init_new                          AROUND   hand the reference layers each request's
                         prompt length by req slot (it applies SGLang's replay floors from it) and the
                         runner's pools (the ForwardBatch the model sees may be a copy: no attributes)
   DecodeTransferQueue._commit_transfer_to_req    AFTER    a test aid, a no-op unless SGLANG_ASYM_POOL_DUMP_DIR
@@ -44,7 +44,7 @@ Scheduler:
   rope_variant.get_device                        REPLACE  "cpu" (it raises without an accelerator)
   rotary_embedding.factory.get_rope_wrapper      AROUND   the generic rope for device "cpu": the CPU
                         branch only knows deepseek_yarn scaling, and V4.1's ratio-0 layers have none
-                        (the model's rope objects are built, never run: the reference forward ropes)
+                        (the model's rope objects are built, never run: the reference layers rope)
   DeepseekV4ForCausalLM._prewarm_mhc_kernels     REPLACE  no JIT prewarm of CUDA mHC kernels
   allocation.assign_req_to_token_pool_func       REPLACE  torch (spec_slots.py): SGLang's Triton kernel, or
                         its in-tree CPU engine's sgl-kernel op, writes the slots of a speculative decode step

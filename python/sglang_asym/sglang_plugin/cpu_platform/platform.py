@@ -61,7 +61,7 @@ class AsymCpuPlatform(CpuDeviceMixin, SRTPlatform):
         return algorithm.upper() == SPECULATIVE_ALGORITHM
 
     def get_speculative_worker_cls(self, algorithm: str) -> type | None:
-        """DSPARK: the project's drafter over the reference forward (dspark_worker.py); SGLang's own
+        """DSPARK: the project's drafter over the reference layers (dspark_worker.py); SGLang's own
         workers for anything else (refused earlier by `supports_speculative_algorithm`)."""
         if algorithm.upper() != SPECULATIVE_ALGORITHM:
             return None

@@ -2,9 +2,8 @@
 
 The pool's bytes are the only request state on the CPU route: before a forward computes a request's rows
 [start, end), a throwaway reference cache (cache/request.py) gets what the pool holds below `start`, and
-after it the rows the forward added go back to the request's own slots (PoolRows). The whole-forward
-reference (reference_forward.py) does this for every layer around one model forward; the per-layer
-substitution inside SGLang's own layer loop (reference_layer.py) does it for one layer around that layer.
+after it the rows the forward added go back to the request's own slots (PoolRows). The layers substituted inside
+SGLang's own loop (layer_loop.py) do this for one layer around that layer's block.
   window       layer i's window rows from max(0, start - W + 1) (W: the attention window)
   compressed   owner o's compressed rows and index keys [0, start // ratio), and a ratio-2 owner's pending
                token start - 1 when start is odd

@@ -1,21 +1,12 @@
-"""How the CPU route's forwards run the reference model over SGLang's pool: the records, the rows, the passes.
+"""What the CPU route's layers (layer_loop.py) need beyond SGLang's ForwardBatch, and how a forward's rows run.
 
-On CPU SGLang's own DeepSeek-V4.1 model loop runs, the reference model computing each decoder layer (layer_loop.py;
-P's layers inside its cut, reference_layer.py). What SGLang's ForwardBatch does not carry, and how a forward's
-rows split into passes, lives here:
-- `ScheduleRecords` (one per scheduler process, `RECORDS`): the model runner's pools, the server's role, each
-  occupied req slot's prompt length N and bootstrap room (handed over by the ForwardBatch.init_new hook), and the
-  window rows queued to ride in the next decode forward (`ride_next_decode`: D's window chunks in a mixed step);
-- `ForwardPlan.request_rows`: one `RequestRows` per request of an extend, decode or verify batch;
-- `pieces` / `phases`: SGLang's default semantics, decoder-side replay: with B = N - W > 0, rows [B, N) see the
-  window of layers >= the last KV source only from B on (the floors of SplitPlan). A request's rows that cross B
-  run [start, B) without floors, then [B, end) with them on the grid of D's window chunks (W and the chunk are the
-  server's settings, `WindowSplit`), so a prompt's window computes exactly as D's window steps compute it;
-- `ForwardPlan.forward_groups`: the passes of one phase: all its pieces together, or with
-  --enable-deterministic-inference each piece alone (a request's logits then do not depend on its batch), a
-  verify batch's rows one row per pass (a pass of 1 + k rows rounds otherwise than 1 + k one-row decode steps);
-  with bounded replay (replay_mode.py) the full model's rows before B run only up to the last KV source and its
-  KV path, in passes of their own.
+`ScheduleRecords` (`RECORDS`, one per scheduler process): the model runner's pools, the server's role, each occupied
+req slot's prompt length and bootstrap room (from the ForwardBatch.init_new hook), and the window rows queued to
+ride in the next decode forward (`ride_next_decode`). `ForwardPlan`: each request's rows (`request_rows`) and the
+passes they run in (`pieces`, `phases`, `forward_groups`): rows from B = N - W on with the semantics' floors on the
+grid of D's window chunks, so a prompt's window computes as D's window steps compute it; bounded replay's rows
+before B up to the last KV source only; with --enable-deterministic-inference each piece, and each verify row, alone.
+docs/sglang-engine-cpu.md has the whole story.
 """
 
 from __future__ import annotations
@@ -67,7 +58,7 @@ class WindowSplit:
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One occupied req slot as the reference forward needs it: the prompt length N whose floors apply (an
+    """One occupied req slot as the reference layers need it: the prompt length N whose floors apply (an
     asym-prefill request was cut to B = N - W tokens: its floors are those of N) and its PD bootstrap room."""
 
     prompt_len: int
@@ -280,7 +271,7 @@ class ForwardPlan:
             return [RequestRows(req, int(positions[i * q]), input_ids[i * q:(i + 1) * q], None, verify=True)
                     for i, req in enumerate(reqs)]
         if not mode.is_extend():
-            raise NotImplementedError(f"the reference forward runs extend, decode and verify batches, not {mode}")
+            raise NotImplementedError(f"the CPU route runs extend, decode and verify batches, not {mode}")
         missing = [req for req in reqs if req not in RECORDS.requests]
         if missing:
             raise RuntimeError(f"no prompt length for req slots {missing} (the init_new hook did not see them)")

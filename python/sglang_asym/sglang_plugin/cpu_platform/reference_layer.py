@@ -15,41 +15,26 @@ import logging
 
 import torch
 
-from ...model.model import V41Model
-from ...split import Semantics
 from .layer_loop import LayerLoop, LayerLoopError, substitute_layers
-from .reference_forward import RECORDS, ReferenceSetup, WindowSplit
-from .replay_mode import ReplayMode
+from .reference_forward import RECORDS
 
 log = logging.getLogger(__name__)
 
 
-def install_reference_layers(causal_lm: torch.nn.Module, reference: V41Model, semantics: Semantics,
-                             deterministic: bool, split: WindowSplit) -> LayerLoop:
-    """Makes the reference model's blocks SGLang's decoder layers 0..L-1 of the truncated prefill model (P's cut
-    bound, prefill/cut_hook.py)."""
-    from ..prefill.cut_hook import cut_of, set_room_lookup
-
-    if cut_of(causal_lm) is None:
-        raise LayerLoopError("install_reference_layers needs the asym-prefill model with P's cut bound")
-    if reference.role != "prefill":
-        raise LayerLoopError("install_reference_layers needs the prefill role's reference model")
-    setup = ReferenceSetup(reference, semantics, deterministic, split, ReplayMode(bounded=False))
-    loop = LayerLoop(setup, reference.plan.last_kv_source - 1)
-    substitute_layers(causal_lm.model, loop)
-    set_room_lookup(causal_lm, RECORDS.room)
-    return loop
-
-
 def install_prefill_reference_layers(causal_lm: torch.nn.Module) -> LayerLoop:
-    """The CPU platform's model setup for an asym-prefill server: the prefill role's reference model from
-    SGLang's loaded parameters (reference_forward.reference_setup), its blocks as SGLang's layers 0..L-1."""
+    """The CPU platform's model setup for an asym-prefill server: the prefill role's reference model from SGLang's
+    loaded parameters (reference_forward.reference_setup), its blocks as SGLang's decoder layers 0..L-1 of the
+    truncated prefill model (P's cut bound, prefill/cut_hook.py)."""
+    from ..prefill.cut_hook import cut_of, set_room_lookup
     from .reference_forward import reference_setup
 
     setup = reference_setup(causal_lm)
-    if setup is None:
-        raise LayerLoopError(f"{type(causal_lm).__name__} is not SGLang's DeepSeek-V4 causal LM")
-    loop = install_reference_layers(causal_lm, setup.model, setup.semantics, setup.deterministic, setup.split)
+    if setup is None or cut_of(causal_lm) is None or setup.model.role != "prefill":
+        raise LayerLoopError(f"{type(causal_lm).__name__} is not SGLang's DeepSeek-V4 asym-prefill model with P's "
+                             "cut bound")
+    loop = LayerLoop(setup, setup.model.plan.last_kv_source - 1)
+    substitute_layers(causal_lm.model, loop)
+    set_room_lookup(causal_lm, RECORDS.room)
     log.info("sglang-asym: DeepSeek-V4.1 asym-prefill runs SGLang's model loop with P's cut on CPU, the reference "
              "model's block as each of layers 0..%d (%s%s, %s caches)", loop.last_layer, setup.semantics.value,
              ", deterministic" if setup.deterministic else "", setup.model.quant.mode)

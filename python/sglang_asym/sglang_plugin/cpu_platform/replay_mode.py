@@ -3,7 +3,7 @@
 SGLang 0.5.23 runs bounded replay by default on CUDA, in null mode and in both PD roles: a prompt's rows before
 B = N - W run only the layers before the last KV source and that layer's compressed rows and index keys; the
 rows from B on run every layer (their windows from the last KV source on start at B, the decoder-replay
-floors, so no row reads what the skipped layers would have written). The reference forward does the same
+floors, so no row reads what the skipped layers would have written). The CPU route's layers do the same
 for a full model's prompt rows (`ReplayMode.bounded`). `SGLANG_ASYM_FULL_COMPUTE=1` turns it off, so every
 prompt row runs every layer: the old full-compute symmetric baseline, which benchmarks label as such.
 """

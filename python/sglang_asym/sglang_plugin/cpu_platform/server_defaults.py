@@ -16,7 +16,7 @@ declarations); a value the user gave on the command line is never replaced.
                                            and hold a core (servers share a 2-core machine here)
   disable_radix_cache                      True: a cached prefix's decoder-layer window rows were
                                            computed under the request that wrote them (its replay
-                                           floor), so a hit would not reproduce the reference forward
+                                           floor), so a hit would not reproduce the reference model
 and one environment default (an environment value the user set is kept):
   SGLANG_TIMEOUT_KEEP_ALIVE                HTTP_KEEP_ALIVE_S: the routers keep idle connections to a
                                            worker for 90 s (reqwest's pool default); a server that

@@ -9,7 +9,7 @@ request's resident slots. The request fields `prepare_for_extend` reads and writ
 extend end, cached-token counters) are restored afterwards, so the request leaves the window exactly
 as SGLang's commit left it and continues on SGLang's prebuilt path (see window_step.py).
 The batch either runs as a forward of its own (`run_window_chunks`), or is only turned into a
-ForwardBatch (`window_forward_batch`) whose rows the reference forward runs beside the next decode
+ForwardBatch (`window_forward_batch`) whose rows the CPU route's layers run beside the next decode
 forward's rows, its logits then sampled by SGLang's sampler (`sample_window`). Either way the answer is a
 WindowSamples: each chunk's sampled token and the LogitsProcessorOutput it was sampled from, into which
 SGLang's sampler wrote the logprobs a request with `return_logprob` asks for (first_token_logprobs.py).

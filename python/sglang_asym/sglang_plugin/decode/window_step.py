@@ -29,7 +29,7 @@ On the CPU route a step is mixed (the policy's "mixed" step mode): the window ch
 batch's decode forward, one forward holding both (reference_forward.ride_next_decode), so the running
 requests decode in every iteration and each forward's rows stay within the token budget. SGLang's own
 forward (CUDA) takes no riders: there, as on CPU with no decode batch to ride, the chunks run as an EXTEND
-forward of their own (window_batch.py), and nothing on that path imports the CPU route's reference forward.
+forward of their own (window_batch.py), and nothing on that path imports the CPU route.
 A window completed by its own forward is merged at once, so the request decodes in the same iteration.
 Under speculative decoding (--speculative-algorithm DSPARK, cpu_platform/dspark_worker.py) the running
 batch's forward is a TARGET_VERIFY forward, which takes no riders: the chunks always run as their own
@@ -143,7 +143,7 @@ def around_commit_transfer_to_req(original: Callable, queue: Any, decode_req: An
                     values.pop()
     end = len(req.origin_input_ids) + len(req.output_ids) - (1 if replays else 0)
     if end != len(req.origin_input_ids):
-        note(req, prompt_len=end)  # the reference forward's floors: those of what P was given
+        note(req, prompt_len=end)  # the CPU route's floors: those of what P was given
     boundary = boundary_of(end, settings)
     step = getattr(queue.scheduler, STEP_ATTR, 0)
     first_row = 0 if fallback_of(req) is not None else boundary  # a recompute fallback: D computes [0, B) too

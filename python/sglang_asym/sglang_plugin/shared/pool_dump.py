@@ -6,7 +6,7 @@ Off unless `SGLANG_ASYM_POOL_DUMP_DIR` names a directory (never set in productio
 of the request, plus `num_tokens`. A symmetric pair dumps the whole prompt N; an asymmetric pair dumps
 what crosses (`transferred_extent`): the prefix B, only the layers whose window rows ship, and only
 the W - 1 window rows the manifest ships.
-With `SGLANG_ASYM_FORWARD_LOG` naming a file, every reference forward appends the layers it ran and the
+With `SGLANG_ASYM_FORWARD_LOG` naming a file, every forward of the CPU route appends the layers it ran and the
 rows it computed per request (`log_forward`), so a test can count what each role computed.
 """
 
@@ -25,7 +25,7 @@ from .pool_rows import PoolRows
 log = logging.getLogger(__name__)
 
 DUMP_DIR_ENV = "SGLANG_ASYM_POOL_DUMP_DIR"
-FORWARD_LOG_ENV = "SGLANG_ASYM_FORWARD_LOG"  # a JSON-lines file: one line per reference forward
+FORWARD_LOG_ENV = "SGLANG_ASYM_FORWARD_LOG"  # a JSON-lines file: one line per forward of the CPU route
 
 
 def dump_dir() -> Path | None:

@@ -50,7 +50,7 @@ class PoolRows:
     def __init__(self, pool: Any, req_to_token: torch.Tensor, cfg: V41Config) -> None:
         layout = pool.kv_layout.value  # the main (SWA) layout; compressed layouts are checked per ratio
         if layout not in ROW_FORMAT_OF_LAYOUT:
-            raise PoolRowsError(f"the reference forward reads SGLang's {' / '.join(ROW_FORMAT_OF_LAYOUT)} pool layouts, "
+            raise PoolRowsError(f"the CPU route's reference layers read SGLang's {' / '.join(ROW_FORMAT_OF_LAYOUT)} pool layouts, "
                                 f"this pool is {layout!r} (set SGLANG_DSV4_KV_LAYOUT)")
         self.pool, self.req_to_token, self.cfg = pool, req_to_token, cfg
         self.row_format = pool_row_format(pool)

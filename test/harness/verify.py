@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .asym import run_prefix, run_reference, run_window
-from .cache import CacheSizing
-from .checkpoint.random_init import random_weights
-from .config import V41Config
-from .model import V41Model
-from .model.steps import greedy_continue
-from .split import Semantics, SplitPlan
+from sglang_asym.asym import run_prefix, run_reference, run_window
+from sglang_asym.cache import CacheSizing
+from sglang_asym.checkpoint.random_init import random_weights
+from sglang_asym.config import V41Config
+from sglang_asym.model import V41Model
+from sglang_asym.model.steps import greedy_continue
+from sglang_asym.split import Semantics, SplitPlan
 
 
 @dataclass

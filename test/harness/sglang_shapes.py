@@ -12,8 +12,8 @@ layout as block FP8 (checkpoint/quantization.py; write_checkpoint adds it at rel
 
 from __future__ import annotations
 
-from ...checkpoint.quantization import RELEASE_QUANTIZATION_CONFIG, with_release_quantization
-from ...config import V41Config
+from sglang_asym.checkpoint.quantization import RELEASE_QUANTIZATION_CONFIG, with_release_quantization
+from sglang_asym.config import V41Config
 
 __all__ = ["RELEASE_QUANTIZATION_CONFIG", "sglang_small", "sglang_tiny", "with_release_quantization"]
 
