@@ -20,6 +20,9 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder: the extend batch of P's check
+from prefill_layer_checks import Batch as ExtendBatch  # noqa: E402
+
 WINDOW = 128
 CHUNK = 48
 FULL_TOKENS = 4096
@@ -27,8 +30,9 @@ PAGE = 256
 DRAFTS = 3
 
 
-class Batch:
-    """The ForwardBatch fields SGLang's causal LM forward (on CPU) and the reference forward read."""
+class Batch(ExtendBatch):
+    """The ForwardBatch fields SGLang's causal LM forward (on CPU) and the reference forward read, for an extend,
+    decode or verify batch of several requests' rows."""
 
     def __init__(self, mode: str, spans: list[tuple[int, int, int]], tokens: torch.Tensor,
                  req_to_token: torch.Tensor, capture: bool = False) -> None:
@@ -36,18 +40,10 @@ class Batch:
 
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
+        super().__init__(spans, req_to_token)
         self.forward_mode = {"extend": ForwardMode.EXTEND, "decode": ForwardMode.DECODE,
                              "verify": ForwardMode.TARGET_VERIFY}[mode]
-        self.batch_size = len(spans)
-        self.req_pool_indices = torch.tensor([req for req, _, _ in spans], dtype=torch.int64)
-        self.extend_seq_lens_cpu = [end - start for _, start, end in spans]
-        self.extend_seq_lens = torch.tensor(self.extend_seq_lens_cpu, dtype=torch.int32)
-        self.extend_start_loc = None
-        self.positions = torch.cat([torch.arange(start, end) for _, start, end in spans])
         self.input_ids = torch.cat([tokens[req, start:end] for req, start, end in spans])
-        self.out_cache_loc = torch.cat([req_to_token[req, start:end].long() for req, start, end in spans])
-        self.attn_cp_metadata = None
-        self.encoder_swa_replay = False
         self.capture_hidden_mode = CaptureHiddenMode.FULL if capture else CaptureHiddenMode.NULL
         self.spec_info = SimpleNamespace(draft_token_num=DRAFTS + 1) if mode == "verify" else None
         self.return_logprob = False

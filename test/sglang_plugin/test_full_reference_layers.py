@@ -1,10 +1,11 @@
 """The full model's forward on CPU through SGLang's own model loop (cpu_platform/layer_loop.py; full_layer_checks.py runs
-it in a process of its own, no servers): SGLang's causal-LM forward with the reference model's block as each of its 40
-layers and its head as the logits op gives the logits, the drafter's features and the pool bytes of the whole-forward
-reference (whole_forward.py), forward for forward: prompts of 300 and 100 tokens with decode steps after them (bounded
-replay's prefix rows, the floors from B in 48-row window chunks), a prompt chunked at 200 beside a second request with
---enable-deterministic-inference, a speculative verify batch of 1 + 3 rows (plain and deterministic, one row per pass),
-a prompt and a verify forward capturing the drafter's features, and two decode steps that window rows ride in."""
+it in a process of its own, no servers): SGLang's causal-LM forward with the reference model's block as each layer of
+the nine-layer tiny config (every layer role; KV sources 1, 3, 5) and its head as the logits op gives the logits, the
+drafter's features and the pool bytes of the whole-forward reference (whole_forward.py), forward for forward: prompts
+of 300 and 100 tokens with decode steps after them (bounded replay's prefix rows, the floors from B in 48-row window
+chunks), a prompt chunked at 200 beside a second request with --enable-deterministic-inference, a speculative verify
+batch of 1 + 3 rows (plain and deterministic, one row per pass), a prompt and a verify forward capturing the drafter's
+features, and two decode steps that window rows ride in."""
 
 import json
 
@@ -13,7 +14,7 @@ import pytest
 from sglang_asym.checkpoint import write_tokenizer
 from sglang_asym.checkpoint.quantization import without_quantization
 from sglang_asym.checkpoint.writer import write_checkpoint
-from harness.sglang_shapes import sglang_small
+from harness.sglang_shapes import sglang_tiny
 
 from .conftest import REPO, run_python
 
@@ -30,9 +31,9 @@ STEPS = {
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     checkpoint = tmp_path_factory.mktemp("ckpt")
-    write_checkpoint(checkpoint, without_quantization(sglang_small()), seed=11, precision="release", num_shards=3,
+    write_checkpoint(checkpoint, without_quantization(sglang_tiny()), seed=11, precision="release", num_shards=1,
                      progress=False)
-    write_tokenizer(checkpoint, sglang_small())
+    write_tokenizer(checkpoint, sglang_tiny())
     done = run_python([str(REPO / "test/sglang_plugin/full_layer_checks.py"), str(checkpoint)], timeout=1200)
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
@@ -45,7 +46,7 @@ def test_the_layers_run_the_decode_roles_default_semantics_with_bounded_replay(r
 
 def test_a_capturing_forward_hands_the_drafter_every_rows_features(report):
     steps = report["cases"]["verify_and_capture"]["steps"]
-    assert [step["hidden_shape"] for step in steps] == [[250, 3 * 256], [4, 3 * 256]]
+    assert [step["hidden_shape"] for step in steps] == [[250, 3 * 64], [4, 3 * 64]]
 
 
 @pytest.mark.parametrize("case", sorted(STEPS))

@@ -79,7 +79,7 @@ def test_prefill_chunks_align_to_the_chunk_size_only_when_deterministic(monkeypa
 
 def _runner_with_layer_loop(deterministic_loop: bool) -> SimpleNamespace:
     """A model runner whose causal LM's first layer computes through a (stand-in) layer loop."""
-    loop = SimpleNamespace(deterministic=deterministic_loop)
+    loop = SimpleNamespace(setup=SimpleNamespace(deterministic=deterministic_loop))
     layer = SimpleNamespace(forward_hc_pre_from_prev=LayerForward(loop, 0, None))
     return SimpleNamespace(model=SimpleNamespace(model=SimpleNamespace(layers=[layer], start_layer=0)))
 

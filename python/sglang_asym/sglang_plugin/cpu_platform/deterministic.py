@@ -64,7 +64,7 @@ def check_batch_invariant_forward(model_runner: Any) -> None:
         raise ValueError("--enable-deterministic-inference on sglang-asym's CPU engine: speculative decoding is "
                          "not supported")
     loop = layer_loop_of(model_runner.model)
-    if loop is None or not loop.deterministic:
+    if loop is None or not loop.setup.deterministic:
         raise ValueError("--enable-deterministic-inference on sglang-asym's CPU engine needs the DeepSeek-V4.1 "
                          f"reference layers; {type(model_runner.model).__name__} does not run them")
     log.info("sglang-asym: deterministic inference: each request runs its own forwards, prefills chunk at "

@@ -83,10 +83,6 @@ class LayerLoop:
         self.current: _Forward | None = None
         self.output: Any = None  # the last forward's LogitsProcessorOutput, handed out by the logits op
 
-    @property
-    def deterministic(self) -> bool:
-        return self.setup.deterministic
-
     def planner(self) -> ForwardPlan:
         """The model runner builds its KV pool after loading the model: bound on the first forward."""
         if self.plan is None:
@@ -118,7 +114,7 @@ class LayerLoop:
             at += r.tokens.numel()
         passes = []
         for phase in phases(requests, self.cfg, plan.split.window, plan.semantics, plan.split.chunk,
-                            verify_by_row=self.deterministic):
+                            verify_by_row=self.setup.deterministic):
             for group in plan.forward_groups(phase, capture):
                 passes.append(self._pass(group, requests, offsets, plan.to_kv_source_only(group[0][1], capture)))
         extra = None
@@ -226,10 +222,10 @@ class LayerLoop:
         logged; the LogitsProcessorOutput waits for the logits op."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-        self._dump(current)
-        if not self.full:  # P's cut runs layer L's KV path next, and never the head
+        if not self.full:  # P's cut runs layer L's KV path next (then PrefillForward dumps), and never the head
             self._end()
             return
+        self.dump_completed([r for p in current.passes for _, r, _ in p.pieces])
         outs = [RowsOutput() for _ in current.requests]
         capture = current.capture
         features = torch.cat([current.captured[layer] for layer in capture], dim=-1) if capture else None
@@ -241,49 +237,41 @@ class LayerLoop:
         logits = [torch.zeros(self.cfg.vocab_size) if out.logits() is None else out.logits() for out in outs]
         own = current.own
         hidden = torch.cat([torch.cat(out.features) for out in outs[:own]]) if capture else None
-        verifying = bool(current.requests) and current.requests[0].verify
-        if verifying:
-            output = LogitsProcessorOutput(next_token_logits=torch.cat(logits[:own]).float(), hidden_states=hidden)
-        else:
-            at = own
-            for rider in current.riders:
-                rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
-                at += len(rider.rows)
-            output = LogitsProcessorOutput(next_token_logits=torch.stack(logits[:own]).float(), hidden_states=hidden)
+        at = own
+        for rider in current.riders:  # never in a verify forward
+            rider.on_logits(torch.stack(logits[at:at + len(rider.rows)]))
+            at += len(rider.rows)
+        join = torch.cat if current.requests[0].verify else torch.stack  # verify: every row's logits, [rows, V]
+        self.output = LogitsProcessorOutput(next_token_logits=join(logits[:own]).float(), hidden_states=hidden)
         self._log(current)
-        self.output = output
         self._end()
 
     def _head(self, p: _Pass, streams: torch.Tensor, pre: torch.Tensor) -> list[torch.Tensor]:
         """Each piece's logits ([V] for its last row, [rows, V] for verify rows), in one head call per pass."""
-        picked, spans = [], []
-        for (_, r, _), segment in zip(p.pieces, p.batch.segments):
-            rows = torch.arange(segment.rows.start, segment.rows.stop) if r.verify else torch.tensor([segment.rows.stop - 1])
-            spans.append((len(torch.cat(picked)) if picked else 0, rows.numel(), r.verify))
-            picked.append(rows)
-        local_streams, local_pre = streams[p.at], pre[p.at]
-        at = torch.cat(picked)
-        hidden = collapse(local_streams[at], local_pre[at])
-        head_out = torch.nn.functional.linear(self.model.norm(hidden).float(), self.model.head.weight)
-        return [head_out[start:start + n] if verify else head_out[start] for start, n, verify in spans]
+        picked = [torch.arange(s.rows.start, s.rows.stop) if r.verify else torch.tensor([s.rows.stop - 1])
+                  for (_, r, _), s in zip(p.pieces, p.batch.segments)]
+        rows = p.at[torch.cat(picked)]
+        head_out = torch.nn.functional.linear(self.model.norm(collapse(streams[rows], pre[rows])).float(),
+                                              self.model.head.weight)
+        bounds = torch.tensor([0] + [len(i) for i in picked]).cumsum(0).tolist()
+        return [head_out[a:b] if r.verify else head_out[a] for (_, r, _), a, b in zip(p.pieces, bounds, bounds[1:])]
 
-    def _dump(self, current: _Forward) -> None:
-        if dump_dir() is None:  # test aid (shared/pool_dump.py)
+    def dump_completed(self, requests: list[RequestRows]) -> None:
+        """The pool-dump test aid (shared/pool_dump.py: off unless its directory is set) for each request whose
+        transferred extent these rows completed."""
+        if dump_dir() is None:
             return
-        for p in current.passes:
-            for _, r, _ in p.pieces:
-                if r.prompt_len is not None and r.end == transferred_extent(self.cfg, r.prompt_len).num_tokens:
-                    dump(self.planner().rows, RECORDS.role, RECORDS.room(r.req), r.req,
-                         transferred_extent(self.cfg, r.prompt_len))
+        for r in requests:
+            extent = None if r.prompt_len is None else transferred_extent(self.cfg, r.prompt_len)
+            if extent is not None and r.end == extent.num_tokens:
+                dump(self.planner().rows, RECORDS.role, RECORDS.room(r.req), r.req, extent)
 
     def _log(self, current: _Forward) -> None:
         last, every = self.model.plan.last_kv_source, range(self.cfg.num_hidden_layers)
         ran = [(tuple(range(last + 1)) if p.short else tuple(every), [r for _, r, _ in p.pieces])
                for p in current.passes]
-        mode = current.forward_batch.forward_mode
-        rows = current.requests
-        kind = ("mixed" if current.riders else "decode" if mode.is_decode()
-                else "verify" if rows and rows[0].verify else "extend")
+        mode, rows = current.forward_batch.forward_mode, current.requests
+        kind = "mixed" if current.riders else "decode" if mode.is_decode() else "verify" if rows[0].verify else "extend"
         log_forward(RECORDS.role, kind, sorted({layer for layers, _ in ran for layer in layers}),
                     [(RECORDS.room(r.req), r.start, r.end) for r in rows], time.perf_counter() - current.started,
                     decode_rows=current.own if mode.is_decode() else 0,

@@ -12,13 +12,29 @@ layers), for prompt rows [0, B) of extend batches only.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
 from .layer_loop import LayerLoop, LayerLoopError, substitute_layers
-from .reference_forward import RECORDS
+from .reference_forward import RECORDS, ForwardPlan
 
 log = logging.getLogger(__name__)
+
+
+class PrefillForward:
+    """The causal LM's forward (SGLang's, with P's cut), then the pool-dump test aid for each request whose prefix
+    it completed: after layer L's KV path, which P's cut runs after the loop."""
+
+    def __init__(self, forward: Any, loop: LayerLoop) -> None:
+        self.forward, self.loop = forward, loop
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+        out = self.forward(input_ids, positions, forward_batch, *args, **kwargs)
+        if forward_batch.forward_mode.is_extend() and forward_batch.batch_size:
+            self.loop.dump_completed(ForwardPlan.request_rows(input_ids, positions, forward_batch))
+        return out
 
 
 def install_prefill_reference_layers(causal_lm: torch.nn.Module) -> LayerLoop:
@@ -35,6 +51,7 @@ def install_prefill_reference_layers(causal_lm: torch.nn.Module) -> LayerLoop:
     loop = LayerLoop(setup, setup.model.plan.last_kv_source - 1)
     substitute_layers(causal_lm.model, loop)
     set_room_lookup(causal_lm, RECORDS.room)
+    causal_lm.forward = PrefillForward(causal_lm.forward, loop)
     log.info("sglang-asym: DeepSeek-V4.1 asym-prefill runs SGLang's model loop with P's cut on CPU, the reference "
              "model's block as each of layers 0..%d (%s%s, %s caches)", loop.last_layer, setup.semantics.value,
              ", deterministic" if setup.deterministic else "", setup.model.quant.mode)
