@@ -10,11 +10,12 @@
 # 2. the plugin's CUDA launch guards against SGLang's own ServerArgs records on this machine
 #    (test/sglang_plugin/test_cuda_guards.py): what the asymmetric servers refuse on CUDA, and why;
 # 3. P's cut inside SGLang's DeepseekV4Model loop (test/sglang_plugin/test_prefill_cut_hook.py): the loop
-#    stops after layer 19, layer 20 writes only its KV path, lm_head is never reached.
-# Not here yet (docs/architecture.md, "A request's path"): serving the asymmetric pair on SGLang's CUDA
-# engine. P's decoder layers and D's window still run the reference forward on CPU only; on CUDA the
-# launch guards refuse what is not handled. The embedded graph runner and payload kernels this script
-# once timed are retired with the embedded serving stack (docs/retired-embedded-stack.md).
+#    stops after layer 19, layer 20 writes only its KV path, lm_head is never reached;
+# 4. the asymmetric pair against SGLang's own colocated server (scripts/gpu_pair_check.py): a small random V4.1
+#    checkpoint in the released layout served by SGLang's colocated server with its defaults (bounded replay on),
+#    then by asym-prefill + asym-decode behind sglang-router; greedy tokens for N in {1, 127, 128, 129, 1000, 4097},
+#    a pass/fail table and each server's GPU memory ($LOGS/pair_check.json).
+# No GPU has run steps 3-4 yet (README, "Only checkable on a GPU"); `--device cpu` runs step 4 on the CPU route.
 # Logs go to $OUT (the device tool's result folder, or a workflow's artifact folder) or /tmp/gpu_check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,5 +44,9 @@ timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=1
   test/sglang_plugin/test_cuda_guards.py test/sglang_plugin/test_prefill_cut_hook.py 2>&1 | tee "$LOGS/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 echo "gpu_check: tests rc=$rc"
+timeout "${GPU_PAIR_TIMEOUT:-1800}" "$PY" scripts/gpu_pair_check.py --device cuda --out "$LOGS" 2>&1 | tee "$LOGS/pair_check.log"
+pair_rc=${PIPESTATUS[0]}
+echo "gpu_check: pair rc=$pair_rc"
+[ "$rc" -eq 0 ] && rc=$pair_rc
 [ "$rc" -eq 0 ] && rc=$calibrate_rc
 exit "$rc"
