@@ -21,7 +21,8 @@ fi
 want=${SGLANG_PIN#sglang==}
 have=$("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null || true)
 if [ "$have" != "$want" ]; then
-  "$VENV/bin/pip" install -q --no-deps "$SGLANG_PIN" 2>&1 | grep -v "is ignored" || true
+  # pip's status stays the step's (pipefail); only its notes on the machine's constraint file go
+  "$VENV/bin/pip" install -q --no-deps "$SGLANG_PIN" 2>&1 | { grep -v "is ignored" || true; }
 fi
 
 # torch must still be the CPU build: a resolver that pulled torch 2.14.1 would break everything.

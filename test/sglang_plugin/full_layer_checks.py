@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder: the extend batch of P's check
-from prefill_layer_checks import Batch as ExtendBatch  # noqa: E402
+from prefill_layer_checks import Batch as ExtendBatch, load_sglang_model  # noqa: E402
 
 WINDOW = 128
 CHUNK = 48
@@ -83,7 +83,6 @@ PROMPTS = {("window_rides_in_decode", 2): 300}
 
 def main(checkpoint: str) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
-    from meta_model import cpu_adjustments
     from sglang_cpu_checks import _pool_tensors
 
     from sglang_asym.config import V41Config
@@ -96,34 +95,13 @@ def main(checkpoint: str) -> None:
     record = ServerArgs(model_path=checkpoint, device="cpu")
     attach(record, AsymSettings("asym-decode", window=WINDOW, window_chunk=CHUNK))
     with sglang_cpu_context(record):
-        from sglang.srt import runtime_context
-        from sglang.srt.configs.load_config import LoadConfig
-        from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.model_loader import loader
-        from sglang.srt.model_loader.utils import set_default_torch_dtype
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.runtime_context import SpawnRanks
-
-        from sglang_asym.sglang_plugin.cpu_platform.cpu_patch import SCHEDULER
         from sglang_asym.sglang_plugin.cpu_platform.layer_loop import install_full_layers
-        from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
-        from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (RECORDS, RequestRecord,
-                                                                              reference_setup, ride_next_decode)
+        from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RECORDS, RequestRecord, ride_next_decode
         from whole_forward import ReferenceForward
         from sglang_asym.sglang_plugin.shared.pool_rows import PoolRows
         from sglang_on_cpu import build_kv_pool
 
-        load_plugins()
-        apply_cpu_patches(SCHEDULER)
-        runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
-        model_config, load_config = ModelConfig(checkpoint), LoadConfig()
-        quant_config = loader._get_quantization_config(model_config, load_config)
-        default_loader = loader.DefaultModelLoader(load_config)
-        with set_default_torch_dtype(model_config.dtype), cpu_adjustments(), torch.device("cpu"):
-            model = loader._initialize_model(model_config, load_config, quant_config)
-        with cpu_adjustments():
-            default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
-                                             torch.device("cpu"))
+        model = load_sglang_model(checkpoint, record)
         loop = install_full_layers(model)
         setup = loop.setup
         from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend

@@ -67,10 +67,39 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> dict:
     return {"bytes": int((x != 0).sum()), "zero_sign_only": bool(zero_sign.all())}
 
 
+def load_sglang_model(checkpoint: str, record) -> torch.nn.Module:
+    """SGLang's DeepseekV4ForCausalLM built and loaded by SGLang's own loader as a CPU server's model runner does:
+    the plugin's hooks loaded, the CPU patches applied, `record` published as the scheduler's ServerArgs (call
+    inside sglang_on_cpu.sglang_cpu_context(record))."""
+    from meta_model import cpu_adjustments
+    from sglang.srt import runtime_context
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import loader
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import SpawnRanks
+
+    from sglang_asym.sglang_plugin.cpu_platform.cpu_patch import SCHEDULER
+    from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
+
+    load_plugins()
+    apply_cpu_patches(SCHEDULER)
+    runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    model_config, load_config = ModelConfig(checkpoint), LoadConfig()
+    quant_config = loader._get_quantization_config(model_config, load_config)
+    default_loader = loader.DefaultModelLoader(load_config)
+    with set_default_torch_dtype(model_config.dtype), cpu_adjustments(), torch.device("cpu"):  # as load_model
+        model = loader._initialize_model(model_config, load_config, quant_config)
+    with cpu_adjustments():
+        default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
+                                         torch.device("cpu"))
+    return model
+
+
 def main(checkpoint: str, forward_log: str) -> None:
     os.environ["SGLANG_ASYM_FORWARD_LOG"] = forward_log
     sys.path.insert(0, os.path.dirname(__file__))
-    from meta_model import cpu_adjustments
     from sglang_cpu_checks import _pool_tensors
 
     from sglang_asym.config import V41Config
@@ -83,35 +112,16 @@ def main(checkpoint: str, forward_log: str) -> None:
     record = ServerArgs(model_path=checkpoint, device="cpu")  # as the CPU server's scheduler publishes it
     attach(record, AsymSettings("asym-prefill", window=WINDOW, semantics="asym-exact-encoder"))
     with sglang_cpu_context(record):
-        from sglang.srt import runtime_context
-        from sglang.srt.configs.load_config import LoadConfig
-        from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
         from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
-        from sglang.srt.model_loader import loader
-        from sglang.srt.model_loader.utils import set_default_torch_dtype
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.runtime_context import SpawnRanks
 
-        from sglang_asym.sglang_plugin.cpu_platform.cpu_patch import SCHEDULER
-        from sglang_asym.sglang_plugin.cpu_platform.patches import apply_cpu_patches
         from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RECORDS, RequestRecord
         from whole_forward import ReferenceForward
         from sglang_asym.sglang_plugin.cpu_platform.platform import AsymCpuPlatform
         from sglang_on_cpu import build_kv_pool
         from sglang_asym.sglang_plugin.shared.pool_rows import PoolRows
 
-        load_plugins()
-        apply_cpu_patches(SCHEDULER)
-        runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
-        model_config, load_config = ModelConfig(checkpoint), LoadConfig()
-        quant_config = loader._get_quantization_config(model_config, load_config)
-        default_loader = loader.DefaultModelLoader(load_config)
-        with set_default_torch_dtype(model_config.dtype), cpu_adjustments(), torch.device("cpu"):  # as load_model
-            model = loader._initialize_model(model_config, load_config, quant_config)
-        with cpu_adjustments():
-            default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
-                                             torch.device("cpu"))
+        model = load_sglang_model(checkpoint, record)
         AsymCpuPlatform().post_load_model(model)  # as the model runner calls it after loading
         loop = model.model.layers[0].forward_hc_pre_from_prev.loop
 
