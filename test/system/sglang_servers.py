@@ -162,8 +162,8 @@ def used_tokens(server: ServerProcess) -> float:
 
 
 def wait_computing(prefill: ServerProcess, timeout_s: float = 60.0) -> None:
-    """Until P computes a prefix: its used-token gauge (SGLang sets it as it forms each prefill batch, so it counts
-    the rows of the chunks computed so far) is above 0."""
+    """Until P has computed a prefix batch: its used-token gauge is above 0 (SGLang's overlapped prefill loop sets it
+    once the batch's forward is over; it stayed 0 through a 60 s forward)."""
     deadline = time.monotonic() + timeout_s
     while not metric_sum(prefill, "sglang:num_used_tokens"):
         assert time.monotonic() < deadline, f"P computed nothing within {timeout_s} s"

@@ -36,12 +36,12 @@ WINDOW = 128
 NEW = 12
 # D's wait for P's rows (SGLang's default is 300 s): above P's compute time of every prompt here on a slow
 # host, since a normal request whose rows come later fails too (and P's error reaches the client)
-WAITING_TIMEOUT_S = 20
-# the prompt aborted on P while P computes its prefix: two of P's 4096-row chunks, so SGLang's scheduler takes the
-# abort after the first chunk's forward, before the prefix is complete and transferred, however fast P computes
-# (one forward of 3000 rows could end, and its rows reach D, before the first abort arrives); the first chunk must
-# end inside D's WAITING_TIMEOUT_S, else D's wait fails first and D rightly recomputes
-P_ABORTED_N = 6000
+WAITING_TIMEOUT_S = 40  # on a slow host P's 2,872-row prefix (P_ABORTED_N) took over 20 s
+# the prompt aborted on P, in one forward: the aborts start once P's used-token gauge shows that forward over
+# (wait_computing), and SGLang's P takes one while the rows are in flight (in every suite run but one so far,
+# where the rows reached D first). The forward must end inside D's WAITING_TIMEOUT_S, else D's wait fails first and
+# D rightly recomputes; two of P's 4096-row chunks (6,000 tokens) outlasted even the first chunk's 20 s on a slow host.
+P_ABORTED_N = 3000
 FALLBACK_COUNTER = "sglang_asym:transfer_fallback_recompute_total"
 FALLBACK_LINE = "recomputing its"
 PREFIX_LINE = re.compile(r"recomputed its (\d+)-token prefix on this decode worker in ([\d.]+) s")
