@@ -6,7 +6,8 @@ steps beside the decoding requests. The reference forward's log (a test aid) sho
 SGLang's forwards with the others. That the outputs can differ without the flag is shown without servers
 (test/sglang_plugin/test_reference_forward_deterministic.py: batched logits differ in their last bits).
 12 concurrent mixed requests through the pair (generate, completions and chat; streamed and not; windows
-among them) all complete and each equals the same request sent alone.
+among them) all complete and each equals the same request sent alone; sent at once through the stack's P with a
+decode worker that speculates (DSPARK, without SGLang's retraction switch), each equals the plain pair's answer.
 The pair's output logprobs (`return_logprob`, `top_logprobs_num`) equal, within 1e-5, the log-softmax of the
 in-process reference model's logits at each output position (the first token's from D's window step, alone and
 riding in a decode forward beside a running request), with the reference's greedy tokens and top entries.
@@ -26,9 +27,11 @@ import pytest
 from sglang_asym.sglang_plugin.shared.settings import DEFAULT_SEMANTICS
 from harness.server_process import post
 
-from .helpers import MODEL, output
-from .sglang_servers import (ONE_CHUNK, asym_reference_logprobs, forward_log, greedy, greedy_together, prompt_of,
-                             restore, server_info)
+from harness.router_launch import RouterFlavor
+
+from .helpers import MODEL, output, serving
+from .sglang_servers import (DETERMINISTIC, ONE_CHUNK, asym_reference_logprobs, forward_log, greedy, greedy_together,
+                             patient_router, prompt_of, restore, server_info, settle, sglang_server, sglang_workspace)
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -105,8 +108,11 @@ def _mixed_call(i: int, n: int) -> tuple[str, dict]:
     return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": "tell me " * (n // 2)}]}
 
 
+TWELVE = (3, 64, 129, 200, 257, 40, 20, 140, 300, 90, 180, 130)  # prompt lengths of the mixed dozen
+
+
 def test_twelve_concurrent_mixed_requests_complete_and_equal_each_alone(stack):
-    calls = [_mixed_call(i, n) for i, n in enumerate((3, 64, 129, 200, 257, 40, 20, 140, 300, 90, 180, 130))]
+    calls = [_mixed_call(i, n) for i, n in enumerate(TWELVE)]
     base = stack["router"].url
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
         together = list(pool.map(lambda call: output(call[0], call[1], base), calls))
@@ -117,6 +123,33 @@ def test_twelve_concurrent_mixed_requests_complete_and_equal_each_alone(stack):
         else:
             assert isinstance(result, str)
     assert together == alone
+
+
+@pytest.fixture
+def speculating_router(stack, sglang_tiny_checkpoint, tmp_path_factory):
+    """The stack's P with an asym-decode D that speculates (DSPARK, with the flag; no retraction switch, whose
+    rebootstrapped lifecycles may end in other tokens) behind a router of its own; stopped after the case."""
+    work, logs = sglang_workspace(tmp_path_factory, "sglang_deterministic_dspark")
+    servers = {"decode": sglang_server("asym-decode", sglang_tiny_checkpoint, logs, DETERMINISTIC,
+                                       "--speculative-algorithm", "DSPARK",
+                                       env={"SGLANG_ASYM_FORWARD_LOG": str(work / "decode.jsonl")})}
+    with serving(servers, timeout_s=600):
+        with patient_router(stack["prefill"], servers["decode"], RouterFlavor.SGLANG_ROUTER) as router:
+            yield router, servers["decode"], work / "decode.jsonl"
+
+
+def test_twelve_concurrent_mixed_requests_through_a_speculating_decode_equal_the_plain_pairs(stack,
+                                                                                             speculating_router):
+    router, decode, decode_log = speculating_router
+    calls = [_mixed_call(i, n) for i, n in enumerate(TWELVE)]
+    plain = [output(path, body, stack["router"].url) for path, body in calls]
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        speculated = list(pool.map(lambda call: output(call[0], call[1], router.url), calls))
+    assert speculated == plain
+    assert settle([stack["prefill"], decode]) == [0, 0]
+    forwards = forward_log(decode_log)
+    assert {f["mode"] for f in forwards} == {"extend", "verify"}  # windows as extends, then verify forwards
+    assert all(end - start == 6 for f in forwards if f["mode"] == "verify" for _, start, end in f["rows"])  # 1 + k
 
 
 LOGPROB_TOKENS = 4
