@@ -88,6 +88,15 @@ def _launch(mode: str, port: int, bootstrap: int | None, args: tuple[str, ...], 
     return ServerProcess(mode, port, proc, log, bootstrap, args, env)
 
 
+class PortTaken(RuntimeError):
+    """The server could not bind a port picked for it: another process took it between the pick and the bind
+    (a minute later, after the model loaded). SGLang's launcher then logs the error and keeps running."""
+
+
+PORT_TAKEN = "address already in use"  # uvicorn's and aiohttp's words for errno 98 (EADDRINUSE)
+FRESH_PORT_ATTEMPTS = 3
+
+
 def wait_healthy(server: ServerProcess, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -98,9 +107,49 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 180.0) -> None:
                 if resp.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+            taken = _taken_port_line(server)
+            if taken:
+                raise PortTaken(f"{server.mode} server: a port picked for it was taken before it bound it: "
+                                f"{taken}") from None
         time.sleep(0.3)
     raise TimeoutError(f"{server.mode} server not healthy after {timeout_s} s:\n{server.log_tail()}")
+
+
+def _taken_port_line(server: ServerProcess) -> str | None:
+    """The log line saying that one of the ports picked for `server` was in use (other components, Mooncake's
+    among them, may retry other ports of their own in use: those lines name no port of ours)."""
+    ours = [f"'127.0.0.1', {port})" for port in (server.port, server.bootstrap_port) if port]
+    for line in server.log.read_text(errors="replace").splitlines():
+        if PORT_TAKEN in line.lower() and any(port in line for port in ours):
+            return line.strip()
+    return None
+
+
+def healthy_on_fresh_ports(server: ServerProcess, timeout_s: float = 180.0) -> ServerProcess:
+    """`server` once healthy; if a port picked for it was taken before it bound it, the same command again on
+    freshly picked ports (at most FRESH_PORT_ATTEMPTS starts), so only for a first start, not a restart."""
+    for attempt in range(1, FRESH_PORT_ATTEMPTS + 1):
+        try:
+            wait_healthy(server, timeout_s)
+            return server
+        except PortTaken as exc:
+            server.stop()
+            if attempt == FRESH_PORT_ATTEMPTS:
+                raise
+            print(f"{exc}\nstarting it again on fresh ports", file=sys.stderr)
+            server = _on_fresh_ports(server)
+    raise AssertionError("unreachable")
+
+
+def _on_fresh_ports(server: ServerProcess) -> ServerProcess:
+    args = list(server.args)
+    port = pick_free_port()
+    args[args.index("--port") + 1] = str(port)
+    bootstrap = None
+    if "--disaggregation-bootstrap-port" in args:
+        bootstrap = pick_free_port()
+        args[args.index("--disaggregation-bootstrap-port") + 1] = str(bootstrap)
+    return _launch(server.mode, port, bootstrap, tuple(args), server.env, server.log.parent)
 
 
 def post(url: str, body: dict | bytes, timeout_s: float = 300.0) -> tuple[int, dict]:

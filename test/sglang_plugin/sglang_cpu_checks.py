@@ -936,6 +936,47 @@ ASYM_SIGNATURES = (
 )
 
 
+def stock_prefill_rooms() -> dict:
+    """SGLang's own prefill mode with the plugin loaded: its scheduler's publish applies get_kv_class's hook and
+    none of the asymmetric tables'; on Mooncake the hook hands out SGLang's manager and sender with
+    room_lifecycle.py's mixins; SGLang's decode mode and the fake backend keep SGLang's classes."""
+    from sglang_asym.sglang_plugin.cpu_platform import import_gaps as cpu_import_gaps
+    from sglang_asym.sglang_plugin import hooks
+    from sglang_asym.sglang_plugin.shared.room_lifecycle import RoomLifecycleManager, RoomLifecycleSender
+
+    cpu_import_gaps.install()
+    from sglang.srt import runtime_context
+    from sglang.srt.disaggregation import utils
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.runtime_context import SpawnRanks
+    from sglang.srt.server_args import ServerArgs
+
+    def publish(mode: str) -> None:
+        record = ServerArgs(model_path="dummy")
+        record.disaggregation_mode = mode  # set after construction: its checks for a PD mode ask for a device
+        runtime_context.reset_context()
+        runtime_context.publish(record, role="scheduler", ranks=SpawnRanks(world_rank=0))
+
+    def classes() -> dict:
+        kinds = (utils.KVClassType.MANAGER, utils.KVClassType.SENDER, utils.KVClassType.RECEIVER)
+        out = {}
+        for backend in (utils.TransferBackend.MOONCAKE, utils.TransferBackend.FAKE):
+            for kind in kinds:
+                cls = utils.get_kv_class(backend, kind)
+                out[f"{backend.name} {kind.name}"] = [cls.__name__, cls.__base__.__name__ if cls.__base__ else None,
+                                                      issubclass(cls, (RoomLifecycleManager, RoomLifecycleSender))]
+        return out
+
+    plugin_targets = {t for t, _, _ in hooks.scheduler_hook_table()}
+    load_plugins()
+    report = {}
+    for mode in ("decode", "prefill", "null"):
+        publish(mode)
+        report[mode] = {"patched": sorted(plugin_targets & set(HookRegistry._patched)), "classes": classes()}
+    return report
+
+
 def asym_hooks() -> dict:
     """Every scheduler hook target of the asymmetric modes and the SGLang code they rely on, as the pinned
     SGLang has them, and whether an asymmetric scheduler's publish applies them all."""
@@ -1086,7 +1127,7 @@ def relayed_refusal() -> dict:
 INPUT_TOO_LONG = ("Input length (3000 tokens) exceeds the maximum allowed length (2042 tokens). Use a shorter input "
                   "or enable --allow-auto-truncate.")
 CHECKS = {"cpu_patches": cpu_patches, "weights": weights, "load": load, "payload": payload,
-          "intake": intake, "asym_hooks": asym_hooks, "force_exit": force_exit,
+          "intake": intake, "asym_hooks": asym_hooks, "stock_prefill_rooms": stock_prefill_rooms, "force_exit": force_exit,
           "prefill_stop": prefill_stop, "relayed_refusal": relayed_refusal}
 
 if __name__ == "__main__":

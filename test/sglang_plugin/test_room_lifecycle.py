@@ -1,9 +1,11 @@
 """room_lifecycle.py's answers to D's handshake on P, on a recording stand-in for SGLang's manager: a handshake
 that comes after P aborted the room, before or after P's scheduler cleared the aborted sender, is answered
-with Failed at once (words that say the abort); one for a live room is SGLang's."""
+with Failed at once (words that say the abort); one for a live room is SGLang's. And which servers get the
+mixins: asym-prefill's exact-payload classes and SGLang's own prefill mode on Mooncake."""
 
 from __future__ import annotations
 
+import json
 import time
 import types
 
@@ -11,6 +13,8 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 
 from sglang_asym.sglang_plugin.shared.relayed_refusal import relay_reason, relayed_refusal
 from sglang_asym.sglang_plugin.shared.room_lifecycle import PREFILL_ABORT_WORDS, RoomLifecycleManager, RoomLifecycleSender
+
+from .conftest import REPO, run_python
 
 ROOM = 41
 D = ("127.0.0.1", 9000)
@@ -153,3 +157,28 @@ def test_an_aborted_rooms_reason_answers_a_late_handshake_and_ends_with_the_next
     assert manager.sent == [([D], ROOM, KVPoll.Failed, OUT_OF_MEMORY)] and manager.statuses == []
     Sender(manager, "p:1", ROOM)  # the room's next request (a retry) starts with no reason of the old one
     assert ROOM not in manager._abort_reasons and ROOM not in manager._aborted_rooms
+
+
+def test_sglangs_own_prefill_mode_gets_the_room_lifecycle_on_mooncake_and_nothing_else():
+    """SGLang's own prefill servers on Mooncake have the rebootstrap race too (its D rebootstraps a retracted
+    V4 request through P in the same room): with the plugin loaded, their scheduler's publish applies the
+    get_kv_class hook alone, which hands out SGLang's Mooncake manager and sender with the mixins; the
+    receiver, the fake backend and SGLang's decode and colocated modes keep SGLang's classes."""
+    done = run_python([str(REPO / "test/sglang_plugin/sglang_cpu_checks.py"), "stock_prefill_rooms"], timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    report = json.loads(lines[0].removeprefix("REPORT "))
+    kv_class = "sglang.srt.disaggregation.utils.get_kv_class"
+    assert kv_class not in report["decode"]["patched"]  # the CPU route's patches may share other targets
+    assert report["prefill"]["patched"] == sorted([*report["decode"]["patched"], kv_class])
+    sglangs = {"MOONCAKE MANAGER": ["MooncakeKVManager", "StagingManagerMixin", False],
+               "MOONCAKE SENDER": ["MooncakeKVSender", "CommonKVSender", False],
+               "MOONCAKE RECEIVER": ["MooncakeKVReceiver", "CommonKVReceiver", False],
+               "FAKE MANAGER": ["FakeKVManager", "BaseKVManager", False],
+               "FAKE SENDER": ["FakeKVSender", "BaseKVSender", False],
+               "FAKE RECEIVER": ["FakeKVReceiver", "BaseKVReceiver", False]}
+    assert report["decode"]["classes"] == sglangs
+    assert report["null"]["classes"] == sglangs  # the hook applied, another mode: SGLang's classes
+    assert report["prefill"]["classes"] == {
+        **sglangs, "MOONCAKE MANAGER": ["RoomLifecycleKVManager", "RoomLifecycleManager", True],
+        "MOONCAKE SENDER": ["RoomLifecycleKVSender", "RoomLifecycleSender", True]}

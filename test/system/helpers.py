@@ -7,9 +7,9 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
-from harness.server_process import ServerProcess, post, post_stream, wait_healthy
+from harness.server_process import ServerProcess, healthy_on_fresh_ports, post, post_stream
 
 MODEL = "v41-small"  # --served-model-name of every server (smg routes by model name)
 
@@ -46,13 +46,14 @@ def output(path: str, body: dict, base: str, detail: Callable[[dict], Any] = gen
 
 
 @contextlib.contextmanager
-def serving(servers: Mapping[str, ServerProcess], timeout_s: float = 300) -> Iterator[Mapping[str, ServerProcess]]:
-    """The started servers once all are healthy; every one is stopped on exit, also those a case restarted
-    into the mapping (its other values, a module's work folders and routers, are left alone)."""
+def serving(servers: dict[str, Any], timeout_s: float = 300) -> Iterator[dict[str, Any]]:
+    """The started servers once all are healthy (one whose picked port was taken meanwhile started again on
+    fresh ports, in place in the mapping); every one is stopped on exit, also those a case restarted into the
+    mapping (its other values, a module's work folders and routers, are left alone)."""
     try:
-        for server in servers.values():
+        for name, server in list(servers.items()):
             if isinstance(server, ServerProcess):
-                wait_healthy(server, timeout_s=timeout_s)
+                servers[name] = healthy_on_fresh_ports(server, timeout_s=timeout_s)
         yield servers
     finally:
         stop_all([server for server in servers.values() if isinstance(server, ServerProcess)])

@@ -161,9 +161,9 @@ def used_tokens(server: ServerProcess) -> float:
     return value
 
 
-def wait_computing(prefill: ServerProcess, timeout_s: float = 60.0) -> None:
-    """Until P has computed a prefix batch: its used-token gauge is above 0 (SGLang's overlapped prefill loop sets it
-    once the batch's forward is over; it stayed 0 through a 60 s forward)."""
+def wait_computing(prefill: ServerProcess, timeout_s: float = 180.0) -> None:
+    """Until P has computed a prefix batch: its used-token gauge is above 0 (SGLang's disaggregated prefill loop
+    sets it with the batch's result, after the forward, which took over 60 s on the slowest CI host)."""
     deadline = time.monotonic() + timeout_s
     while not metric_sum(prefill, "sglang:num_used_tokens"):
         assert time.monotonic() < deadline, f"P computed nothing within {timeout_s} s"

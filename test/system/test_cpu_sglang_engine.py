@@ -34,6 +34,7 @@ import pytest
 from sglang_asym.layer_plan import LayerPlan
 from sglang_asym.sglang_plugin.cpu_platform.replay_mode import FULL_COMPUTE_ENV
 from sglang_asym.sglang_plugin.shared.pool_dump import FORWARD_LOG_ENV
+from sglang_asym.sglang_plugin.shared.room_lifecycle import STOCK_ROOMS_NOTE
 from harness.sglang_shapes import sglang_tiny
 from harness.router_launch import RouterFlavor
 from harness.server_process import post
@@ -166,10 +167,14 @@ def test_chunks_below_the_prompt_equal_the_reference_over_the_same_chunks(engine
 
 
 def test_eight_concurrent_requests_through_the_pair_complete_through_retractions(engines):
-    """8 concurrent requests through the pair all complete while D's SGLang retracts decoding requests
-    (back to its prealloc queue, their rows kept in SGLang's host backup); afterwards SGLang's used-token
+    """8 concurrent requests through the pair all complete while D's SGLang retracts decoding requests (every
+    third forward) and rebootstraps them through P in the same room (a V4 pool keeps no host copy). P, in
+    SGLang's own prefill mode, runs SGLang's Mooncake classes with the plugin's room lifecycle: a handshake
+    for a room's next lifecycle that comes before P cleared the previous one is kept (without it, one
+    request waited out SGLang's 300 s and failed on the slowest CI host). Afterwards SGLang's used-token
     counters are back at zero on P and D."""
     pair = [engines["prefill"], engines["decode"]]
+    assert STOCK_ROOMS_NOTE in engines["prefill"].log.read_text(errors="replace")
     retracted_before = metric_sum(engines["decode"], RETRACTED) or 0.0
     outputs = greedy_together(engines["router"].url, [prompt_of(n) for n in (5, 64, 129, 200, 257, 300, 400, 513)])
     assert [len(o) for o in outputs] == [NEW_TOKENS] * 8

@@ -11,7 +11,9 @@
                                     scheduler process: on CPU, applies cpu_platform/patches.py (SGLang's
                                     own engine on CPU); for an asymmetric ServerArgs, registers and
                                     applies the scheduler hooks below (in that process only: their
-                                    modules do not import on a CPU-only launcher); in the launcher
+                                    modules do not import on a CPU-only launcher), and for SGLang's own
+                                    prefill mode only get_kv_class's (STOCK_PREFILL_HOOKS: the
+                                    room lifecycle, shared/room_lifecycle.py); in the launcher
                                     process of an asymmetric server, the drain refusal (shared/drain.py:
                                     TokenizerManager.generate_request AROUND, 503 after SIGTERM),
                                     admission control with request deadlines (shared/admission.py:
@@ -62,7 +64,7 @@ from .cpu_platform.server_defaults import prefill_environment
 from .cpu_platform.startup import STARTUP_GAPS
 from .decode.hooks import HOOKS as DECODE_HOOKS
 from .prefill import exact_payload
-from .prefill.hooks import HOOKS as PREFILL_HOOKS
+from .prefill.hooks import HOOKS as PREFILL_HOOKS, STOCK_PREFILL_HOOKS
 from .shared import admission, mooncake_regions
 from .shared.cli import extend_parser, translate
 from .shared.liveness import liveness_health_default
@@ -129,14 +131,16 @@ def after_publish(result: Any, server_args: Any, *args: Any, role: str | None = 
     if role != SCHEDULER_ROLE:
         return
     asymmetric = settings_of(server_args) is not None
-    if asymmetric:  # registered first: some share a target with a CPU patch, applied together below
-        register_scheduler_hooks()
+    table = scheduler_hook_table() if asymmetric else \
+        STOCK_PREFILL_HOOKS if server_args.disaggregation_mode == "prefill" else ()
+    # registered first: some share a target with a CPU patch, applied together below
+    register_missing(table, source=(ENTRY_POINT_NAME, DIST_NAME))
     if cpu_engine_selected():
         from .cpu_platform.patches import SCHEDULER as SCHEDULER_PROCESS, apply_cpu_patches
 
         apply_cpu_patches(SCHEDULER_PROCESS)
-    if asymmetric:
-        install_scheduler_hooks()
+    if table:
+        install_hooks(table)
 
 
 def after_setup_state_kv_args(result: Any, kv_args: Any, token_to_kv_pool: Any, *args: Any, **kwargs: Any) -> None:
@@ -194,17 +198,17 @@ def register_hooks() -> None:
         HookRegistry.register(target, hook, HookType[hook_type])
 
 
-def register_scheduler_hooks() -> None:
-    """Registers scheduler_hook_table() without applying it. Idempotent."""
-    register_missing(scheduler_hook_table(), source=(ENTRY_POINT_NAME, DIST_NAME))
-
-
 def install_scheduler_hooks() -> None:
     """Registers and applies scheduler_hook_table(). Idempotent."""
+    install_hooks(scheduler_hook_table())
+
+
+def install_hooks(table: tuple[tuple[str, Callable, str], ...]) -> None:
+    """Registers and applies `table`; refuses to go on when SGLang could not patch one of its targets. Idempotent."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    register_scheduler_hooks()
+    register_missing(table, source=(ENTRY_POINT_NAME, DIST_NAME))
     HookRegistry.apply_hooks()
-    missing = [target for target, _, _ in scheduler_hook_table() if target not in HookRegistry._patched]
+    missing = [target for target, _, _ in table if target not in HookRegistry._patched]
     if missing:
         raise RuntimeError(f"sglang-asym could not apply its scheduler hooks to {missing} (see the log above)")

@@ -382,19 +382,25 @@ def exact_sender_class() -> type:
 
 
 def around_get_kv_class(original: Any, transfer_backend: Any, class_type: Any) -> Any:
-    """asym-prefill servers on Mooncake get the exact-payload manager and its sender; everything else
-    SGLang's classes."""
+    """On Mooncake, asym-prefill servers get the exact-payload manager and its sender, and SGLang's own
+    prefill mode SGLang's classes with the room-lifecycle mixins (shared/room_lifecycle.py); everything
+    else SGLang's classes."""
     from sglang.srt.disaggregation.utils import KVClassType, TransferBackend
     from sglang.srt.runtime_context import get_server_args
 
+    from ..shared.room_lifecycle import stock_mooncake_classes
     from ..shared.settings import settings_of
 
     cls = original(transfer_backend, class_type)
-    settings = settings_of(get_server_args())
-    if settings is None or not settings.is_prefill or transfer_backend != TransferBackend.MOONCAKE:
+    server_args = get_server_args()
+    settings = settings_of(server_args)
+    if transfer_backend != TransferBackend.MOONCAKE or class_type not in (KVClassType.MANAGER, KVClassType.SENDER):
         return cls
-    if class_type == KVClassType.MANAGER:
-        return exact_manager_class()
-    if class_type == KVClassType.SENDER:
-        return exact_sender_class()
-    return cls
+    if settings is None:
+        if server_args.disaggregation_mode != "prefill":
+            return cls
+        manager, sender = stock_mooncake_classes()
+        return manager if class_type == KVClassType.MANAGER else sender
+    if not settings.is_prefill:
+        return cls
+    return exact_manager_class() if class_type == KVClassType.MANAGER else exact_sender_class()

@@ -7,7 +7,9 @@
                                     unchanged
   disaggregation.utils.get_kv_class
                             AROUND  on Mooncake: the exact-payload KV manager (exact_payload.py: the
-                                    manifest's rows and nothing else)
+                                    manifest's rows and nothing else); in SGLang's own prefill mode
+                                    (STOCK_PREFILL_HOOKS, its only hook there) SGLang's manager and sender
+                                    keeping a rebootstrapped room's handshake (shared/room_lifecycle.py)
   PrefillBootstrapQueue.add AROUND  cuts each fresh request to its first B = N - W tokens (cut.py) before
                                     SGLang checks capacity, creates the KV sender and queues it, and tells
                                     the KV manager the room's split; N <= W is cut to nothing and marked
@@ -25,7 +27,8 @@
   Scheduler.run_batch, Scheduler.process_batch_result
                             AROUND  a prefill forward that runs out of memory ends its batch's requests on
                                     both roles with a 503 and P serves on (out_of_memory.py)
-Every hook is a no-op on a server that is not asym-prefill (the decode role shares the scheduler table).
+Every hook is a no-op on a server that is not asym-prefill (the decode role shares the scheduler table),
+but get_kv_class's on SGLang's own prefill mode.
 """
 
 from __future__ import annotations
@@ -142,4 +145,8 @@ HOOKS: tuple[tuple[str, Callable, str], ...] = (
     (NEXT_BATCH, stop.around_next_prefill_batch, "AROUND"),
     (RUN_BATCH, out_of_memory.around_run_batch, "AROUND"),
     (PROCESS_BATCH_RESULT, out_of_memory.around_process_batch_result, "AROUND"),
+)
+
+STOCK_PREFILL_HOOKS: tuple[tuple[str, Callable, str], ...] = (
+    (GET_KV_CLASS, exact_payload.around_get_kv_class, "AROUND"),
 )

@@ -37,10 +37,16 @@ before the client hears anything. P now tells that D at once that the room faile
                               a Failed status for a room aborted on P carries PREFILL_ABORT_WORDS, which
                               D's recompute fallback (decode/transfer_fallback.py) reads as "do not recompute",
                               or, where P gave the abort a reason (prefill/out_of_memory.py), that reason
+
+SGLang's own prefill mode has the same race whenever its D rebootstraps (a retracted V4 request: SGLang's
+`dsv4_needs_rebootstrap`), so with the plugin loaded its prefill servers on Mooncake run SGLang's manager
+and sender with these mixins too (`stock_mooncake_classes`, handed out by prefill/exact_payload.py's
+`get_kv_class` hook). They keep SGLang's transfer otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 _UNKNOWN = object()
 PREFILL_ABORT_WORDS = "aborted on the prefill worker"  # D's recompute fallback leaves such a room alone
 DRAIN_WAIT_S, DRAIN_POLL_S = 30.0, 0.01  # an aborted room's in-flight writes: how long to wait, how often to look
+STOCK_ROOMS_NOTE = "a rebootstrapped room keeps D's second handshake"  # logged once by SGLang's own prefill mode
 ABANDONED_KEEP_S = 900.0  # how long P answers a late handshake for a room it gave up (beyond SGLang's timeouts)
 
 
@@ -243,3 +250,19 @@ class RoomLifecycleSender:
             del live[room]
         if following is not None:
             _put_back(manager, room, following)
+
+
+@functools.lru_cache(maxsize=1)
+def stock_mooncake_classes() -> tuple[type, type]:
+    """(manager, sender): SGLang's Mooncake classes with the mixins above, for SGLang's own prefill mode."""
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager, MooncakeKVSender
+
+    class RoomLifecycleKVManager(RoomLifecycleManager, MooncakeKVManager):
+        """SGLang's MooncakeKVManager keeping a rebootstrapped room's second handshake."""
+
+    class RoomLifecycleKVSender(RoomLifecycleSender, MooncakeKVSender):
+        """SGLang's MooncakeKVSender whose clear keeps the room's next lifecycle."""
+
+    # a warning, so that servers run at --log-level warning say too that the plugin changed SGLang's own mode
+    log.warning("sglang-asym: SGLang's prefill mode on Mooncake: %s (the plugin's room lifecycle)", STOCK_ROOMS_NOTE)
+    return RoomLifecycleKVManager, RoomLifecycleKVSender
