@@ -394,13 +394,10 @@ def around_get_kv_class(original: Any, transfer_backend: Any, class_type: Any) -
     cls = original(transfer_backend, class_type)
     server_args = get_server_args()
     settings = settings_of(server_args)
-    if transfer_backend != TransferBackend.MOONCAKE or class_type not in (KVClassType.MANAGER, KVClassType.SENDER):
+    kinds = (KVClassType.MANAGER, KVClassType.SENDER)
+    if transfer_backend != TransferBackend.MOONCAKE or class_type not in kinds:
         return cls
+    pick = kinds.index(class_type)
     if settings is None:
-        if server_args.disaggregation_mode != "prefill":
-            return cls
-        manager, sender = stock_mooncake_classes()
-        return manager if class_type == KVClassType.MANAGER else sender
-    if not settings.is_prefill:
-        return cls
-    return exact_manager_class() if class_type == KVClassType.MANAGER else exact_sender_class()
+        return stock_mooncake_classes()[pick] if server_args.disaggregation_mode == "prefill" else cls
+    return (exact_manager_class(), exact_sender_class())[pick] if settings.is_prefill else cls

@@ -38,10 +38,8 @@ before the client hears anything. P now tells that D at once that the room faile
                               D's recompute fallback (decode/transfer_fallback.py) reads as "do not recompute",
                               or, where P gave the abort a reason (prefill/out_of_memory.py), that reason
 
-SGLang's own prefill mode has the same race whenever its D rebootstraps (a retracted V4 request: SGLang's
-`dsv4_needs_rebootstrap`), so with the plugin loaded its prefill servers on Mooncake run SGLang's manager
-and sender with these mixins too (`stock_mooncake_classes`, handed out by prefill/exact_payload.py's
-`get_kv_class` hook). They keep SGLang's transfer otherwise.
+SGLang's own prefill mode has the same race (its D rebootstraps a retracted V4 request too): on Mooncake its
+servers run SGLang's manager and sender with these mixins (`stock_mooncake_classes`, via exact_payload.py's hook).
 """
 
 from __future__ import annotations
@@ -257,12 +255,7 @@ def stock_mooncake_classes() -> tuple[type, type]:
     """(manager, sender): SGLang's Mooncake classes with the mixins above, for SGLang's own prefill mode."""
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager, MooncakeKVSender
 
-    class RoomLifecycleKVManager(RoomLifecycleManager, MooncakeKVManager):
-        """SGLang's MooncakeKVManager keeping a rebootstrapped room's second handshake."""
-
-    class RoomLifecycleKVSender(RoomLifecycleSender, MooncakeKVSender):
-        """SGLang's MooncakeKVSender whose clear keeps the room's next lifecycle."""
-
     # a warning, so that servers run at --log-level warning say too that the plugin changed SGLang's own mode
     log.warning("sglang-asym: SGLang's prefill mode on Mooncake: %s (the plugin's room lifecycle)", STOCK_ROOMS_NOTE)
-    return RoomLifecycleKVManager, RoomLifecycleKVSender
+    return (type("RoomLifecycleKVManager", (RoomLifecycleManager, MooncakeKVManager), {}),
+            type("RoomLifecycleKVSender", (RoomLifecycleSender, MooncakeKVSender), {}))
