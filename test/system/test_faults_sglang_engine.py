@@ -105,16 +105,17 @@ class EnginePair:
 @pytest.fixture(scope="module")
 def engine(sglang_tiny_checkpoint, tmp_path_factory) -> Iterator[EnginePair]:
     pair = EnginePair(sglang_tiny_checkpoint, tmp_path_factory.mktemp("sglang_faults"))
-    with serving({"prefill": pair.prefill, "decode": pair.decode}, timeout_s=300), \
-            patient_router(pair.prefill, pair.decode, ROUTER, HEALTH,
-                           pair.logs / "router.log") as router:
-        pair.router = router
-        warm_gauges(pair)
-        assert settle([pair.prefill, pair.decode], SETTLE_S) == [0, 0]
-        try:
-            yield pair
-        finally:
-            stop_all([pair.prefill, pair.decode])  # the restarted ones (serving() stops the first two)
+    first = {"prefill": pair.prefill, "decode": pair.decode}
+    with serving(first, timeout_s=300):
+        pair.prefill, pair.decode = first["prefill"], first["decode"]  # serving() may have moved one to fresh ports
+        with patient_router(pair.prefill, pair.decode, ROUTER, HEALTH, pair.logs / "router.log") as router:
+            pair.router = router
+            warm_gauges(pair)
+            assert settle([pair.prefill, pair.decode], SETTLE_S) == [0, 0]
+            try:
+                yield pair
+            finally:
+                stop_all([pair.prefill, pair.decode])  # the restarted ones (serving() stops the first two)
 
 
 @pytest.fixture(autouse=True)
