@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from sglang_asym.asym import run_prefix, run_reference, run_window
-from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.split import Semantics, SplitPlan
 
@@ -47,12 +46,11 @@ def kl_rows(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
 
 def window_logits(models: Models, prompt: torch.Tensor, semantics: Semantics, split_run: bool) -> torch.Tensor:
     split = SplitPlan(models.full.cfg, prompt.numel(), 128, semantics)
-    sizing = CacheSizing(1, prompt.numel() + 8)
     if split_run:
-        state = run_prefix(models.prefill, models.prefill.new_cache_set(sizing), prompt, split)
-        logits, cache = run_window(models.full, models.full.new_cache_set(sizing), state, prompt, split, logits="all")
+        state = run_prefix(models.prefill, models.prefill.new_cache_set(), prompt, split)
+        logits, cache = run_window(models.full, models.full.new_cache_set(), state, prompt, split, logits="all")
     else:
-        logits, cache = run_reference(models.full, models.full.new_cache_set(sizing), prompt, split, logits="window")
+        logits, cache = run_reference(models.full, models.full.new_cache_set(), prompt, split, logits="window")
     cache.release()
     return logits
 

@@ -13,7 +13,6 @@ import torch
 from tokenizers import Tokenizer
 
 from sglang_asym.asym import run_reference
-from sglang_asym.cache import CacheSizing
 from sglang_asym.checkpoint import random_weights, read_checkpoint_config
 from sglang_asym.model import V41Model
 from sglang_asym.model.loading import model_from_checkpoint
@@ -26,7 +25,7 @@ WINDOW = 128
 
 def window_logits(model: V41Model, prompt: torch.Tensor, semantics: Semantics) -> torch.Tensor:
     split = SplitPlan(model.cfg, prompt.numel(), WINDOW, semantics)
-    cache_set = model.new_cache_set(CacheSizing(1, prompt.numel() + 8))
+    cache_set = model.new_cache_set()
     logits, cache = run_reference(model, cache_set, prompt, split, logits="window")
     cache.release()
     return logits

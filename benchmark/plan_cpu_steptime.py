@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.model.model import SegmentInput
 from sglang_asym.model.steps import prefill
@@ -68,7 +67,7 @@ class Bench:
 
     def __init__(self, models: Models, seed: int) -> None:
         self.models, self.cfg, self.seed = models, models.full.cfg, seed
-        self.caches = models.full.new_cache_set(CacheSizing(24, 4096, max_chunk_tokens=512))
+        self.caches = models.full.new_cache_set()
         self.live: list = []
 
     def cache_at(self, ctx: int):
@@ -111,7 +110,7 @@ def measure(models: Models, reps: int, seed: int, log) -> list[dict]:
 def measure_prefill(models: Models, seed: int, log) -> list[dict]:
     out = []
     for role, model in (("prefill", models.prefill), ("full", models.full)):
-        caches = model.new_cache_set(CacheSizing(1, max(PREFILL_LENGTHS) + 8, max_chunk_tokens=PREFILL_CHUNK))
+        caches = model.new_cache_set()
         warm = caches.new_request()  # the first forward pays one-off initialisation
         prefill(model, warm, random_prompt(models.full.cfg, 64, seed=seed), logits="none")
         warm.release()

@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from sglang_asym.cache import CacheSizing
 from sglang_asym.checkpoint import CheckpointReader, load_weights, random_weights
 from sglang_asym.config import V41Config
 from sglang_asym.model import V41Model
@@ -67,8 +66,7 @@ def random_prompt(cfg: V41Config, rng: torch.Generator) -> torch.Tensor:
 
 
 def make_sequence(target: V41Model, drafter: DSparkDrafter, prompt: torch.Tensor, new_tokens: int) -> Sequence:
-    sizing = CacheSizing(max_requests=1, max_tokens=prompt.numel() + new_tokens + 1)
-    cache_set = target.new_cache_set(sizing)
+    cache_set = target.new_cache_set()
     cache = cache_set.new_request()
     continuation, _ = greedy_continue(target, cache, target(prompt, cache), new_tokens)
     cache.release()
@@ -83,8 +81,7 @@ def make_sequence(target: V41Model, drafter: DSparkDrafter, prompt: torch.Tensor
 def measure_acceptance(target: V41Model, drafter: DSparkDrafter, prompts: list[torch.Tensor], new_tokens: int,
                        k: int) -> AcceptanceStats:
     total = AcceptanceStats()
-    cache_set = target.new_cache_set(CacheSizing(max_requests=1, max_tokens=max(p.numel() for p in prompts)
-                                                 + new_tokens + k + 2))
+    cache_set = target.new_cache_set()
     for prompt in prompts:
         cache = cache_set.new_request()
         logits, state = prefill_for_drafting(target, drafter, cache, prompt)

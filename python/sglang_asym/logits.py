@@ -16,7 +16,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .cache import CacheSizing
 from .checkpoint import CheckpointError
 from .config import ConfigError
 from .formats import CACHE_QUANT_MODES
@@ -30,7 +29,7 @@ def compute_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
                            f"{input_ids.dtype}")
     if input_ids.shape[0] == 0:
         raise InvalidInput("input ids hold no sequence (batch of 0)")
-    cache_set = model.new_cache_set(CacheSizing(max_requests=1, max_tokens=input_ids.shape[1] + 1))
+    cache_set = model.new_cache_set()
     rows = []
     for row in input_ids:
         cache = cache_set.new_request()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang_asym.asym import run_prefix
-from sglang_asym.cache import CacheSizing, index_group, kv_group
+from sglang_asym.cache import index_group, kv_group
 from sglang_asym.config import V41Config
 from sglang_asym.layer_plan import LayerPlan
 from harness.verify import Models, random_prompt, verify
@@ -84,9 +84,8 @@ def test_last_kv_source_rows_bit_identical_to_full_model(n):
     m = models("tiny")
     prompt = random_prompt(m.full.cfg, n, seed=9)
     last = m.full.plan.last_kv_source
-    sizing = CacheSizing(max_requests=1, max_tokens=n + 8)
-    p_cache = m.prefill.new_cache_set(sizing).new_request()
-    f_cache = m.full.new_cache_set(sizing).new_request()
+    p_cache = m.prefill.new_cache_set().new_request()
+    f_cache = m.full.new_cache_set().new_request()
     m.prefill(prompt, p_cache)
     m.full(prompt, f_cache, logits="none")
     for group in (kv_group(last), index_group(last)):
@@ -100,7 +99,7 @@ def test_prefill_role_state_has_only_manifest_rows():
 
     prompt = random_prompt(m.full.cfg, 301, seed=1)
     split = SplitPlan(m.full.cfg, 301, W, "asym-exact-encoder")
-    state = run_prefix(m.prefill, m.prefill.new_cache_set(CacheSizing(1, 400)), prompt, split)
+    state = run_prefix(m.prefill, m.prefill.new_cache_set(), prompt, split)
     manifest = split.manifest("model")
     assert set(state.rows) == {g.name for g in manifest.groups}
     assert state.nbytes() == manifest.total_bytes

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from sglang_asym.asym import PrefixMismatch, run_prefix, run_window
-from sglang_asym.cache import CacheSizing
 from sglang_asym.config import V41Config
 from sglang_asym.split import SplitError, SplitPlan
 from harness.verify import Models, random_prompt
 
-SIZING = CacheSizing(max_requests=2, max_tokens=600)
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +38,18 @@ def test_unknown_semantics_and_unsplittable_exact(models):
         SplitPlan(V41Config.tiny(), 300, 128, "fast")
     split = SplitPlan(V41Config.tiny(), 300, 128, "exact")
     with pytest.raises(SplitError, match="cannot be split"):
-        run_prefix(models.prefill, models.prefill.new_cache_set(SIZING), random_prompt(split.config, 300, 1), split)
+        run_prefix(models.prefill, models.prefill.new_cache_set(), random_prompt(split.config, 300, 1), split)
 
 
 def _state(models, n, window=128, semantics="asym-exact-encoder"):
     split = SplitPlan(models.full.cfg, n, window, semantics)
     tokens = random_prompt(models.full.cfg, n, 3)
-    return tokens, split, run_prefix(models.prefill, models.prefill.new_cache_set(SIZING), tokens, split)
+    return tokens, split, run_prefix(models.prefill, models.prefill.new_cache_set(), tokens, split)
 
 
 def test_prefix_state_from_another_window_or_config(models):
     tokens, split, state = _state(models, 300, window=100)
-    caches = models.full.new_cache_set(SIZING)
+    caches = models.full.new_cache_set()
     other_window = SplitPlan(models.full.cfg, 300, 128, "asym-exact-encoder")
     with pytest.raises(PrefixMismatch, match="W=100"):
         run_window(models.full, caches, state, tokens, other_window)
@@ -71,14 +69,14 @@ def test_prefix_state_from_another_window_or_config(models):
 def test_prompt_that_does_not_match_the_plan(models):
     tokens, split, state = _state(models, 300)
     with pytest.raises(ValueError, match="N=300"):
-        run_window(models.full, models.full.new_cache_set(SIZING), state, tokens[:200], split)
+        run_window(models.full, models.full.new_cache_set(), state, tokens[:200], split)
     with pytest.raises(ValueError, match="N=300"):
-        run_prefix(models.prefill, models.prefill.new_cache_set(SIZING), torch.cat((tokens, tokens)), split)
+        run_prefix(models.prefill, models.prefill.new_cache_set(), torch.cat((tokens, tokens)), split)
 
 
 def test_model_error_mid_window_frees_the_cache(models):
     tokens, split, state = _state(models, 300)
-    caches = models.full.new_cache_set(SIZING)
+    caches = models.full.new_cache_set()
     bad = tokens.clone()
     bad[-1] = models.full.cfg.vocab_size  # only the window part is bad: the prefix was fine
     with pytest.raises(ValueError, match="outside the vocabulary"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from sglang_asym.cache import CacheSizing
 from sglang_asym.model.model import V41Model
 from sglang_asym.sched.config import DEFAULT_WINDOW_CHUNK
 from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
@@ -30,7 +29,7 @@ def pair_greedy(model: V41Model, prompt: list[int], prefill_chunk: int, semantic
     """`count` greedy tokens of `prompt` as the pair with the model's window computes them (see module doc)."""
     cfg, n = model.cfg, len(prompt)
     tokens = torch.tensor(prompt)
-    cache = model.new_cache_set(CacheSizing(1, n + count + 2, 64)).new_request()
+    cache = model.new_cache_set().new_request()
     try:
         logits = None
         for start, end in pair_spans(n, cfg.sliding_window, prefill_chunk):

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from sglang_asym.asym import run_prefix, run_reference, run_window
-from sglang_asym.cache import CacheSizing
 from sglang_asym.checkpoint.random_init import random_weights
 from sglang_asym.config import V41Config
 from sglang_asym.model import V41Model
@@ -51,8 +50,7 @@ def verify(models: Models, prompt: torch.Tensor, window: int, semantics: str, ne
            with_exact: bool = True) -> dict:
     cfg = models.full.cfg
     split = SplitPlan(cfg, prompt.numel(), window, semantics)
-    sizing = CacheSizing(max_requests=2, max_tokens=prompt.numel() + new_tokens + 1)
-    p_caches, d_caches = models.prefill.new_cache_set(sizing), models.full.new_cache_set(sizing)
+    p_caches, d_caches = models.prefill.new_cache_set(), models.full.new_cache_set()
     t0 = time.perf_counter()
     state = run_prefix(models.prefill, p_caches, prompt, split)
     t1 = time.perf_counter()

@@ -6,7 +6,6 @@ from functools import lru_cache
 
 import torch
 
-from sglang_asym.cache import CacheSizing
 from sglang_asym.checkpoint.random_init import random_weights
 from sglang_asym.config import V41Config
 from sglang_asym.model import V41Model
@@ -29,4 +28,3 @@ def prompt(cfg: V41Config, n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-SIZING = CacheSizing(max_requests=3, max_tokens=4224)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.helpers import SIZING, build, prompt
+from model.helpers import build, prompt
 from sglang_asym.config import ConfigError, V41Config
 from sglang_asym.model import InvalidInput, V41Model
 
@@ -14,7 +14,7 @@ from sglang_asym.model import InvalidInput, V41Model
 @pytest.fixture(scope="module")
 def tiny():
     model = build("tiny", seed=5)
-    return model, model.new_cache_set(SIZING)
+    return model, model.new_cache_set()
 
 
 def test_empty_prompt(tiny):
@@ -83,8 +83,8 @@ def test_bf16_runs_and_tracks_fp32(tiny):
     model16 = V41Model(model32.cfg, dtype="bfloat16")
     model16.load_weights(model32.state_dict())
     tokens = prompt(model32.cfg, 150, seed=3)
-    l32 = model32(tokens, model32.new_cache_set(SIZING).new_request(), logits="all")
-    l16 = model16(tokens, model16.new_cache_set(SIZING).new_request(), logits="all")
+    l32 = model32(tokens, model32.new_cache_set().new_request(), logits="all")
+    l16 = model16(tokens, model16.new_cache_set().new_request(), logits="all")
     assert l16.dtype == torch.float32 and torch.isfinite(l16).all()
     agree = (l16.argmax(-1) == l32.argmax(-1)).float().mean()
     assert agree > 0.85, float(agree)

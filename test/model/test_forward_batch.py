@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from model.helpers import build, prompt
-from sglang_asym.cache import CacheSizing
 from sglang_asym.model.model import InvalidInput, InvalidSegment, SegmentInput
 
-SIZING = CacheSizing(max_requests=16, max_tokens=1024)
 LENGTHS = (1, 2, 127, 128, 129, 130, 257)  # odd/even starts: a held compressor tail or none
 CAPTURE = (6, 8)
 
@@ -33,7 +31,7 @@ def _tol(model) -> float:
 
 def _twin_caches(model, lengths):
     """The same prompts prefilled into two cache sets: one for per-request forwards, one for batches."""
-    single, batched = model.new_cache_set(SIZING), model.new_cache_set(SIZING)
+    single, batched = model.new_cache_set(), model.new_cache_set()
     pairs, logits = [], []
     for n in lengths:
         tokens = prompt(model.cfg, n, seed=n)
@@ -112,14 +110,14 @@ def test_mixed_batch_of_decode_rows_and_prompt_chunks(model, chunk, length):
 
 def test_logits_none_and_prefill_role():
     full = build("tiny", seed=5)
-    cache_set = full.new_cache_set(SIZING)
+    cache_set = full.new_cache_set()
     a, b = cache_set.new_request(), cache_set.new_request()
     out = full.forward_batch([SegmentInput(prompt(full.cfg, 9), a, "none"), SegmentInput(prompt(full.cfg, 4), b, "all")])
     assert out[0].logits is None and out[1].logits.shape == (4, full.cfg.vocab_size)
     assert (a.pos, b.pos) == (9, 4)
 
     prefill = build("tiny", seed=5, role="prefill")
-    p_set = prefill.new_cache_set(SIZING)
+    p_set = prefill.new_cache_set()
     p_batch = [p_set.new_request() for _ in range(2)]
     p_alone = [p_set.new_request() for _ in range(2)]
     prompts = [prompt(prefill.cfg, 301, seed=1), prompt(prefill.cfg, 130, seed=2)]
@@ -134,7 +132,7 @@ def test_logits_none_and_prefill_role():
 
 def test_bad_batches_are_refused():
     full = build("tiny", seed=5)
-    cache_set = full.new_cache_set(SIZING)
+    cache_set = full.new_cache_set()
     a = cache_set.new_request()
     with pytest.raises(ValueError, match="at least one input"):
         full.forward_batch([])
@@ -169,7 +167,7 @@ def _decode_logits_alone_and_batched(model) -> tuple[torch.Tensor, torch.Tensor]
         model(prompt(model.cfg, n, seed), cache, logits="none")
         return cache
 
-    alone_set, batch_set = model.new_cache_set(SIZING), model.new_cache_set(SIZING)
+    alone_set, batch_set = model.new_cache_set(), model.new_cache_set()
     alone = model.forward_batch([SegmentInput(torch.tensor([7]), prefilled(alone_set, 200, 1), "last")])[0].logits
     others = [SegmentInput(torch.tensor([9]), prefilled(batch_set, 50 + k, 10 + k), "last") for k in range(3)]
     inputs = [SegmentInput(torch.tensor([7]), prefilled(batch_set, 200, 1), "last"), *others,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.helpers import SIZING, build, prompt
+from model.helpers import build, prompt
 from sglang_asym.model import decode_step, prefill
 
 N = 140  # crosses the 128-token window and has an odd tail
@@ -16,7 +16,7 @@ N = 140  # crosses the 128-token window and has an odd tail
 def tiny():
     model = build("tiny", seed=1)
     tokens = prompt(model.cfg, N, seed=7)
-    cache_set = model.new_cache_set(SIZING)
+    cache_set = model.new_cache_set()
     cache = cache_set.new_request()
     one_shot = model(tokens, cache, logits="all")
     cache.release()

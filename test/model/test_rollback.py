@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.helpers import SIZING, build, prompt
+from model.helpers import build, prompt
 
 
 @pytest.fixture(scope="module")
 def tiny():
     model = build("tiny", seed=2)
-    return model, model.new_cache_set(SIZING)
+    return model, model.new_cache_set()
 
 
 @pytest.mark.parametrize("n", [140, 141])  # even and odd prefix: tails before and after the verify step

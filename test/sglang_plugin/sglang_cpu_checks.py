@@ -336,7 +336,6 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     SGLang's transfer planner to a second pool."""
     from sglang_asym.asym import run_prefix
     from sglang_asym.cache.groups import parse_group
-    from sglang_asym.cache import CacheSizing
     from sglang_asym.checkpoint.random_init import random_weights
     from sglang_asym.formats import unpack_rows
     from sglang_asym.model import V41Model
@@ -354,7 +353,7 @@ def payload(prompt_len: str = "429", kv_layout: str = "v41") -> dict:
     weights = random_weights(cfg, 7)
     model.load_weights({k: v for k, v in weights.items() if k in model.expected_tensor_names()})
     tokens = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
-    state = run_prefix(model, model.new_cache_set(CacheSizing(max_requests=1, max_tokens=n + 1)), tokens, split)
+    state = run_prefix(model, model.new_cache_set(), tokens, split)
     rows = {g: _encode_rows(g, t, row_format, cfg) for g, t in state.rows.items()}
     manifest = split.manifest(row_format).nonempty()
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from sglang_asym.cache import CacheSet, CacheSizing, RequestCache
+from sglang_asym.cache import CacheSet, RequestCache
 from sglang_asym.model.model import SegmentInput, SegmentOutput
 from sglang_asym.sglang_plugin.cpu_platform import pool_cache
 from sglang_asym.sglang_plugin.cpu_platform.reference_forward import (RECORDS, ForwardPlan, RequestRows, RowsOutput,
@@ -84,10 +84,7 @@ class ReferenceForward(ForwardPlan):
 
     def _run(self, phase: list[tuple[int, RequestRows, dict[int, int]]], capture: tuple[int, ...] = ()
              ) -> list[tuple[torch.Tensor | None, dict[int, torch.Tensor]]]:
-        longest = max(r.end for _, r, _ in phase)
-        sizing = CacheSizing(max_requests=len(phase), max_tokens=longest + 1, page_rows=64,
-                             max_chunk_tokens=max(r.tokens.numel() for _, r, _ in phase))
-        caches = self.model.new_cache_set(sizing)
+        caches = self.model.new_cache_set()
         short = self.to_kv_source_only(phase[0][1], capture)  # forward_groups keeps such pieces apart
         inputs = [SegmentInput(r.tokens, self._load(caches, r, floors, short), "all" if r.verify else "last", capture)
                   for _, r, floors in phase]

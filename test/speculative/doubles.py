@@ -9,7 +9,6 @@ from typing import Mapping
 
 import torch
 
-from sglang_asym.cache import CacheSizing
 from sglang_asym.model import V41Model
 from sglang_asym.model.dspark import Chooser, Draft
 
@@ -45,10 +44,9 @@ class TeacherDrafter:
 
     feature_layers: tuple[int, ...] = ()
 
-    def __init__(self, target: V41Model, prompt: torch.Tensor, max_draft: int, corrupt_at: tuple[int, ...] = (),
-                 max_tokens: int = 512) -> None:
+    def __init__(self, target: V41Model, prompt: torch.Tensor, max_draft: int, corrupt_at: tuple[int, ...] = ()) -> None:
         self.target, self.max_draft, self.corrupt_at = target, max_draft, corrupt_at
-        self.scratch = target.new_cache_set(CacheSizing(max_requests=1, max_tokens=max_tokens))
+        self.scratch = target.new_cache_set()
         self.committed = prompt.tolist()  # tokens at positions [0, len)
         self.previous: tuple[int, list[int]] | None = None  # the last proposal's anchor and drafts
         self.steps = 0

@@ -9,14 +9,13 @@ import torch
 
 from model.helpers import build
 from sglang_asym.asym import run_prefix, run_reference, run_window
-from sglang_asym.cache import CacheSet, CacheSizing, RequestCache
+from sglang_asym.cache import CacheSet, RequestCache
 from sglang_asym.model import V41Model
 from sglang_asym.model.dspark import DSparkDrafter, random_drafter_weights
 from sglang_asym.model.steps import greedy_continue
 from sglang_asym.speculative import GREEDY, Drafter, SpecRequest, generate, sample_token
 from sglang_asym.split import SplitPlan
 
-SIZING = CacheSizing(max_requests=2, max_tokens=512)
 W = 128
 # The prompt lengths of the split acceptance list: no prefix, around the window edge, odd boundaries, long.
 SPLIT_LENGTHS = (1, 2, W - 1, W, W + 1, W + 2, 2 * W + 1, 1000, 4097)
@@ -56,12 +55,12 @@ def reference_greedy(model: V41Model, cache_set: CacheSet, tokens: torch.Tensor,
     return want
 
 
-def split_speculative_greedy(model: V41Model, prefill_model: V41Model, cache_set: CacheSet, prefill_sizing: CacheSizing,
+def split_speculative_greedy(model: V41Model, prefill_model: V41Model, cache_set: CacheSet,
                              tokens: torch.Tensor, split: SplitPlan, drafter: Drafter, new_tokens: int,
                              k: int) -> tuple[list[int], SpecRequest]:
     """P computes the prefix, D runs the window step, then decodes greedily with k drafts per step:
     the first token and the next new_tokens - 1 (D's cache is released)."""
-    state = run_prefix(prefill_model, prefill_model.new_cache_set(prefill_sizing), tokens, split)
+    state = run_prefix(prefill_model, prefill_model.new_cache_set(), tokens, split)
     first, cache = run_window(model, cache_set, state, tokens, split, capture=drafter.feature_layers)
     req = start_request(drafter, cache, sample_token(first, GREEDY), model.captured, split.boundary)
     got = [req.anchor] + generate(model, drafter, req, new_tokens - 1, k)

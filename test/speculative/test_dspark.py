@@ -12,7 +12,7 @@ from sglang_asym.model import V41Model
 from sglang_asym.model.dspark import DraftRings, DSparkDrafter, random_drafter_weights
 from sglang_asym.speculative import GREEDY, SpecRequest, commit, prefill_for_drafting, propose, sample_token, speculative_step
 
-from .helpers import SIZING, dspark, target
+from .helpers import dspark, target
 
 
 def greedy(logits: torch.Tensor) -> int:
@@ -46,7 +46,7 @@ def test_load_weights_checks_names_and_shapes():
 
 def fresh(n: int, chunk: int | None = None):
     model, drafter = target(), dspark()
-    cache_set = model.new_cache_set(SIZING)
+    cache_set = model.new_cache_set()
     cache = cache_set.new_request()
     logits, state = prefill_for_drafting(model, drafter, cache, prompt(model.cfg, n, seed=n), chunk=chunk)
     return model, drafter, cache_set, SpecRequest(cache, state, sample_token(logits, GREEDY))

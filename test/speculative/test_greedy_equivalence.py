@@ -14,7 +14,7 @@ from sglang_asym.model.steps import greedy_continue
 from sglang_asym.speculative import GREEDY, SpecRequest, generate, prefill_for_drafting, sample_token, speculative_step
 
 from .doubles import ConstantDrafter, TeacherDrafter
-from .helpers import SIZING, dspark, target
+from .helpers import dspark, target
 
 NEW_TOKENS = 12
 LENGTHS = [1, 64, 129, 203]  # a single token, below the window, odd and even past it
@@ -23,7 +23,7 @@ LENGTHS = [1, 64, 129, 203]  # a single token, below the window, odd and even pa
 @lru_cache(maxsize=None)
 def reference(n: int) -> tuple[int, ...]:
     model = target()
-    cache_set = model.new_cache_set(SIZING)
+    cache_set = model.new_cache_set()
     cache = cache_set.new_request()
     tokens, _ = greedy_continue(model, cache, model(prompt(model.cfg, n, seed=n), cache), NEW_TOKENS)
     cache.release()
@@ -32,7 +32,7 @@ def reference(n: int) -> tuple[int, ...]:
 
 def speculative(n: int, k: int, make_drafter, chunk: int | None = None) -> tuple[list[int], SpecRequest]:
     model = target()
-    cache_set = model.new_cache_set(SIZING)
+    cache_set = model.new_cache_set()
     cache = cache_set.new_request()
     drafter = make_drafter(model, cache)
     logits, state = prefill_for_drafting(model, drafter, cache, prompt(model.cfg, n, seed=n), chunk=chunk)
@@ -68,7 +68,7 @@ def test_chunked_prefill_feeds_the_drafter():
 @pytest.mark.parametrize("n", [129, 203])
 def test_every_accepted_length_rolls_back_exactly(n, k):
     model = target()
-    cache_set = model.new_cache_set(SIZING)
+    cache_set = model.new_cache_set()
     cache = cache_set.new_request()
     corrupt = tuple(range(k + 1))  # step s corrupts draft s % (k + 1); k means none
     tokens = prompt(model.cfg, n, seed=n)

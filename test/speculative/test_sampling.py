@@ -9,13 +9,13 @@ from model.helpers import prompt
 from sglang_asym.speculative import Sampling, SpecRequest, generate, prefill_for_drafting, sample_token
 
 from .doubles import TeacherDrafter
-from .helpers import SIZING, dspark, target
+from .helpers import dspark, target
 
 
 def run(make_drafter, sampling: Sampling, seed: int, n: int = 40, new_tokens: int = 16, k: int = 3):
     model = target()
     tokens = prompt(model.cfg, n, seed=n)
-    cache_set = model.new_cache_set(SIZING)
+    cache_set = model.new_cache_set()
     cache = cache_set.new_request()
     drafter = make_drafter(model, tokens)
     gen = torch.Generator().manual_seed(seed)

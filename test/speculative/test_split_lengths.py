@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 
 from model.helpers import build, prompt
-from sglang_asym.cache import CacheSizing
 from sglang_asym.split import SplitPlan
 
 from .helpers import SPLIT_LENGTHS, W, dspark, reference_greedy, split_speculative_greedy, target
 
 NEW_TOKENS = 16
-SIZING = CacheSizing(max_requests=2, max_tokens=4097 + NEW_TOKENS + 8)
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +23,8 @@ def test_split_with_speculation_equals_reference_without(prefill_model, n):
     model, drafter = target(), dspark()
     tokens = prompt(model.cfg, n, seed=n + 3)
     split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
-    d_caches = model.new_cache_set(SIZING)
+    d_caches = model.new_cache_set()
     want = reference_greedy(model, d_caches, tokens, split, NEW_TOKENS)
-    got, _ = split_speculative_greedy(model, prefill_model, d_caches, SIZING, tokens, split, drafter, NEW_TOKENS, 3)
+    got, _ = split_speculative_greedy(model, prefill_model, d_caches, tokens, split, drafter, NEW_TOKENS, 3)
     assert got == want
     d_caches.check_no_leak()

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from model.helpers import build, prompt
-from sglang_asym.cache import CacheSizing
 from sglang_asym.model.dspark import Chooser, Draft
 from sglang_asym.split import SplitPlan
 
@@ -26,7 +25,6 @@ from .helpers import SPLIT_LENGTHS, W, random_dspark, reference_greedy, split_sp
 NEW_TOKENS = 6
 K = 3
 LENGTHS = tuple(n for n in SPLIT_LENGTHS if n != 4097)
-SIZING = CacheSizing(max_requests=2, max_tokens=max(LENGTHS) + NEW_TOKENS + 8, max_chunk_tokens=max(LENGTHS))
 
 
 @lru_cache(maxsize=None)
@@ -69,11 +67,11 @@ def test_small_split_with_speculation_equals_reference_without(n):
     model, prefill_model = models()
     tokens = prompt(model.cfg, n, seed=n + 5)
     split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
-    d_caches = model.new_cache_set(SIZING)
+    d_caches = model.new_cache_set()
     want = reference_greedy(model, d_caches, tokens, split, NEW_TOKENS)
 
     drafter = CorruptedReference(n, want, model.cfg.vocab_size)
-    got, req = split_speculative_greedy(model, prefill_model, d_caches, SIZING, tokens, split, drafter, NEW_TOKENS, K)
+    got, req = split_speculative_greedy(model, prefill_model, d_caches, tokens, split, drafter, NEW_TOKENS, K)
     assert got == want
     assert 0 < req.stats.accepted < req.stats.proposed
     d_caches.check_no_leak()
@@ -85,9 +83,9 @@ def test_small_split_with_the_dspark_drafter():
     n = 2 * W + 1
     tokens = prompt(model.cfg, n, seed=77)
     split = SplitPlan(model.cfg, n, W, "asym-exact-encoder")
-    d_caches = model.new_cache_set(SIZING)
+    d_caches = model.new_cache_set()
     want = reference_greedy(model, d_caches, tokens, split, NEW_TOKENS)
-    got, req = split_speculative_greedy(model, prefill_model, d_caches, SIZING, tokens, split, drafter, NEW_TOKENS, K)
+    got, req = split_speculative_greedy(model, prefill_model, d_caches, tokens, split, drafter, NEW_TOKENS, K)
     assert got == want
     assert req.stats.proposed >= K
     d_caches.check_no_leak()

@@ -14,7 +14,7 @@ from sglang_asym.speculative import GREEDY, generate, sample_token
 from sglang_asym.split import SplitPlan
 
 from .doubles import TeacherDrafter
-from .helpers import SIZING, dspark, start_request, target
+from .helpers import dspark, start_request, target
 
 NEW_TOKENS = 10
 
@@ -36,7 +36,7 @@ def test_speculative_after_window_step_equals_greedy(prefill_model, n, window, s
     model = target()
     tokens = prompt(model.cfg, n, seed=n)
     split = SplitPlan(model.cfg, n, window, semantics)
-    p_caches, d_caches = prefill_model.new_cache_set(SIZING), model.new_cache_set(SIZING)
+    p_caches, d_caches = prefill_model.new_cache_set(), model.new_cache_set()
     state = run_prefix(prefill_model, p_caches, tokens, split)
 
     first, ref_cache = run_window(model, d_caches, state, tokens, split)

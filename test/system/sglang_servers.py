@@ -340,12 +340,11 @@ def _run_spans(model: Any, sequence: list[int], spans: list[tuple[int, int]], se
     """`sequence` forwarded as the SGLang forwards `spans` (each cut into the reference forward's pieces,
     with the floors of `semantics`), then greedy decoding: see reference_lifecycle for `replayed`. The logits
     each output token was sampled from are appended to `sampled_logits` when given."""
-    from sglang_asym.cache import CacheSizing
     from sglang_asym.sglang_plugin.cpu_platform.reference_forward import RequestRows, pieces
 
     cfg, n = model.cfg, len(sequence)
     tokens = torch.tensor(sequence)
-    cache = model.new_cache_set(CacheSizing(1, n + count + 2, 64)).new_request()
+    cache = model.new_cache_set().new_request()
     try:
         logits = None
         for start, end in spans:

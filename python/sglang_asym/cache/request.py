@@ -1,4 +1,4 @@
-"""Per-request cache groups over shared paged pools.
+"""Per-request cache groups of one model instance, and the rollback of a rejected speculative suffix.
 
 Groups (docs/v41-model.md, "Cache groups"; their names and identities: cache/groups.py):
   swa.L{i}    layer i's window KV rows (one per token; only the last window is kept)
@@ -9,14 +9,12 @@ Groups (docs/v41-model.md, "Cache groups"; their names and identities: cache/gro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..config import V41Config
 from ..layer_plan import LayerPlan
-from .groups import GroupKind, index_group, kv_group, parse_group, swa_group, tail_group
-from .paged import PagedPool, PagedRows, PoolSpec
+from .groups import GroupKind, index_group, kv_group, parse_group, swa_group
+from .rows import GroupRows
 
 
 # Compressor inputs kept per ratio-2 owner for rollback: more than the widest verify step (1 + 7).
@@ -25,55 +23,29 @@ JOURNAL_TOKENS = 16
 ROLLBACK_MARGIN_ROWS = 16
 
 
-@dataclass(frozen=True)
-class CacheSizing:
-    max_requests: int = 4
-    max_tokens: int = 8192  # per request, prompt + generated
-    page_rows: int = 64
-    # Longest single forward: window rows live only for the last window plus one forward's rows.
-    # None means a whole request may run in one forward (the reference model's one-shot prefill).
-    max_chunk_tokens: int | None = None
-
-
 class CacheSet:
-    """The pools of one model instance. `role='prefill'` has no pools for layers past the last KV source."""
+    """The cache groups of one model instance and the requests holding rows in them. `role='prefill'` has no
+    groups for layers past the last KV source."""
 
-    def __init__(self, cfg: V41Config, dtype: torch.dtype, sizing: CacheSizing = CacheSizing(),
-                 role: str = "full", device: torch.device | str = "cpu") -> None:
-        self.cfg, self.sizing, self.dtype, self.role = cfg, sizing, dtype, role
+    def __init__(self, cfg: V41Config, dtype: torch.dtype, role: str = "full",
+                 device: torch.device | str = "cpu") -> None:
+        self.cfg, self.dtype, self.role = cfg, dtype, role
         self.plan = LayerPlan.from_config(cfg)
-        pr = sizing.page_rows
-
-        def pages(rows_per_request: int) -> int:
-            return sizing.max_requests * (-(-rows_per_request // pr) + 1)
-
-        self.pools: dict[str, PagedPool] = {}
-        chunk = sizing.max_tokens if sizing.max_chunk_tokens is None else min(sizing.max_chunk_tokens, sizing.max_tokens)
-        swa_rows = chunk + cfg.sliding_window + ROLLBACK_MARGIN_ROWS + pr
         swa_layers = self.plan.encoder_layers if role == "prefill" else range(cfg.num_hidden_layers)
-        for i in swa_layers:
-            self._add(PoolSpec(swa_group(i), (cfg.head_dim,), dtype, pr, pages(swa_rows)), device)
+        widths = {swa_group(i): cfg.head_dim for i in swa_layers}
         for o in self.plan.kv_owner_layers:
-            rows = sizing.max_tokens // cfg.compress_ratios[o] + 1
-            self._add(PoolSpec(kv_group(o), (cfg.head_dim,), dtype, pr, pages(rows)), device)
-            self._add(PoolSpec(index_group(o), (cfg.index_head_dim,), dtype, pr, pages(rows)), device)
-            if cfg.compress_ratios[o] > 1:
-                self._add(PoolSpec(tail_group(o), (2, cfg.head_dim), torch.float32, 1, sizing.max_requests), device)
-
-    def _add(self, spec: PoolSpec, device) -> None:
-        self.pools[spec.name] = PagedPool(spec, device)
+            widths.update({kv_group(o): cfg.head_dim, index_group(o): cfg.index_head_dim})
+        self.empty = {name: torch.empty((0, width), dtype=dtype, device=device) for name, width in widths.items()}
+        self.live: set[RequestCache] = set()
 
     def new_request(self) -> "RequestCache":
-        return RequestCache(self)
+        cache = RequestCache(self)
+        self.live.add(cache)
+        return cache
 
-    def free_pages(self) -> dict[str, int]:
-        return {name: pool.free_pages for name, pool in self.pools.items()}
-
-    def check_no_leak(self, expect_all_free: bool = True) -> None:
-        for pool in self.pools.values():
-            pool.check_no_leak()
-            if expect_all_free and pool.used_pages:
-                raise AssertionError(f"pool {pool.spec.name!r} still holds {pool.used_pages} pages")
+    def check_no_leak(self) -> None:
+        if self.live:
+            raise AssertionError(f"{len(self.live)} request cache(s) not released")
 
 
 class RequestCache:
@@ -82,18 +54,18 @@ class RequestCache:
     def __init__(self, cache_set: CacheSet) -> None:
         self.set = cache_set
         self.pos = 0
-        self.groups: dict[str, PagedRows] = {}
+        self.groups: dict[str, GroupRows] = {}
         self.swa_floor: dict[int, int] = {}
-        self._tails: dict[int, PagedRows] = {}
+        self._tails: dict[int, torch.Tensor] = {}
         self._journal: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
         self.released = False
 
-    def rows(self, group: str) -> PagedRows:
+    def rows(self, group: str, start: int = 0) -> GroupRows:
         rows = self.groups.get(group)
         if rows is None:
-            if group not in self.set.pools:
+            if group not in self.set.empty:
                 raise KeyError(f"this model's cache has no group {group!r}")
-            rows = self.groups[group] = PagedRows(self.set.pools[group], self)
+            rows = self.groups[group] = GroupRows(self.set.empty[group], start)
         return rows
 
     def start_swa_at(self, layer: int, start: int) -> None:
@@ -101,21 +73,17 @@ class RequestCache:
         group = swa_group(layer)
         if group in self.groups and len(self.groups[group]):
             raise RuntimeError(f"{group} already holds rows")
-        self.groups[group] = PagedRows(self.set.pools[group], self, start)
+        self.groups.pop(group, None)
+        self.rows(group, start)
 
     # ---- compressor tails (ratio-2 owners) -----------------------------------------------
     def tail(self, owner: int) -> torch.Tensor | None:
-        rows = self._tails.get(owner)
-        return None if rows is None or not len(rows) else rows.read()[0]
+        return self._tails.get(owner)
 
     def set_tail(self, owner: int, value: torch.Tensor | None) -> None:
-        old = self._tails.pop(owner, None)
-        if old is not None:
-            old.release()
+        self._tails.pop(owner, None)
         if value is not None:
-            rows = PagedRows(self.set.pools[tail_group(owner)], self)
-            rows.append(value.unsqueeze(0).float())
-            self._tails[owner] = rows
+            self._tails[owner] = value.float().clone()
 
     # ---- speculative rollback ------------------------------------------------------------
     def record_pair_inputs(self, owner: int, first_pos: int, values: torch.Tensor, gates: torch.Tensor) -> None:
@@ -157,9 +125,8 @@ class RequestCache:
         self.pos = pos
 
     def release(self) -> None:
-        """Return every page to its pool; safe to call twice."""
-        for rows in list(self.groups.values()) + list(self._tails.values()):
-            rows.release()
+        """Forget every row; safe to call twice."""
+        self.set.live.discard(self)
         self.groups.clear()
         self._tails.clear()
         self._journal.clear()

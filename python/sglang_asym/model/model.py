@@ -16,7 +16,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from ..cache import CacheSet, CacheSizing, RequestCache, kv_group, swa_group
+from ..cache import CacheSet, RequestCache, kv_group, swa_group
 from ..config import ConfigError, V41Config
 from ..layer_plan import LayerPlan
 from .batch import ChunkState, RowBatch, Segment
@@ -117,8 +117,8 @@ class V41Model(nn.Module):
                 raise ValueError(f"tensor {name}: shape {tuple(value.shape)} != expected {tuple(own[name].shape)}")
             own[name].copy_(value.to(own[name].dtype))
 
-    def new_cache_set(self, sizing: CacheSizing = CacheSizing()) -> CacheSet:
-        return CacheSet(self.cfg, self.dtype, sizing, role=self.role, device=self.embed.weight.device)
+    def new_cache_set(self) -> CacheSet:
+        return CacheSet(self.cfg, self.dtype, role=self.role, device=self.embed.weight.device)
 
     # ---- forward ---------------------------------------------------------------------------
     def validate_tokens(self, tokens: torch.Tensor, start: int) -> None:

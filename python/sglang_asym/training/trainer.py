@@ -15,7 +15,6 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from ..cache import CacheSizing
 from ..model.model import SegmentInput, V41Model
 
 
@@ -58,7 +57,7 @@ def sample_batch(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Genera
 
 def sequence_logits(model: V41Model, inputs: torch.Tensor) -> torch.Tensor:
     """[B, T, V] logits of B sequences, each from position 0 on its own cache (autograd as the caller set)."""
-    cache_set = model.new_cache_set(CacheSizing(inputs.shape[0], inputs.shape[1] + 8))
+    cache_set = model.new_cache_set()
     caches = [cache_set.new_request() for _ in range(inputs.shape[0])]
     try:
         outs = model.run_batch([SegmentInput(row, cache, "all") for row, cache in zip(inputs, caches)])

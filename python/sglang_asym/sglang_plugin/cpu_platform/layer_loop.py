@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...cache import CacheSet, CacheSizing
+from ...cache import CacheSet
 from ...model.batch import ChunkState, RowBatch, Segment
 from ...model.mhc import collapse
 from ..shared.pool_dump import dump, dump_dir, log_forward, transferred_extent
@@ -139,10 +139,7 @@ class LayerLoop:
 
     def _pass(self, group: list[tuple[int, RequestRows, dict[int, int]]], requests: list[RequestRows],
               offsets: list[int], short: bool) -> _Pass:
-        longest = max(r.end for _, r, _ in group)
-        sizing = CacheSizing(max_requests=len(group), max_tokens=longest + 1, page_rows=64,
-                             max_chunk_tokens=max(r.tokens.numel() for _, r, _ in group))
-        caches = self.model.new_cache_set(sizing)
+        caches = self.model.new_cache_set()
         segments, at, row = [], [], 0
         for i, r, floors in group:
             cache = caches.new_request()

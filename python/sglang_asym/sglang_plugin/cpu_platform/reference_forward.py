@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ...cache import CacheSizing
 from ...config import V41Config
 from ...model.model import V41Model
 from ...sched.config import chunk_rows_for
@@ -227,7 +226,7 @@ class ForwardPlan:
         self.deterministic = deterministic
         self.rows = rows
         # the prefill role keeps window rows of the encoder layers only (layer 20 runs its KV path)
-        plan = model.new_cache_set(CacheSizing(max_requests=1, max_tokens=1)).plan
+        plan = model.plan
         self.swa_layers = tuple(plan.encoder_layers if model.role == "prefill" else range(self.cfg.num_hidden_layers))
         self.replay = replay if model.role == "full" else ReplayMode(bounded=False)
         self.late_layers = range(plan.last_kv_source, self.cfg.num_hidden_layers)
