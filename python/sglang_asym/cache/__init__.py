@@ -5,5 +5,5 @@ from .groups import (KIND_FORMATS, ROW_FORMATS, GroupId, GroupKind, cache_group,
 from .request import CacheSet, RequestCache
 from .rows import GroupRows
 
-__all__ = ["CacheSet", "GroupRows", "RequestCache", "KIND_FORMATS", "ROW_FORMATS", "GroupId", "GroupKind", "cache_group",
-           "parse_group", "index_group", "kv_group", "swa_group", "tail_group"]
+__all__ = ["CacheSet", "GroupRows", "RequestCache", "KIND_FORMATS", "ROW_FORMATS", "GroupId", "GroupKind",
+           "cache_group", "parse_group", "index_group", "kv_group", "swa_group", "tail_group"]

@@ -35,7 +35,8 @@ class CacheSet:
         widths = {swa_group(i): cfg.head_dim for i in swa_layers}
         for o in self.plan.kv_owner_layers:
             widths.update({kv_group(o): cfg.head_dim, index_group(o): cfg.index_head_dim})
-        self.empty = {name: torch.empty((0, width), dtype=dtype, device=device) for name, width in widths.items()}
+        # each group's rows start from an empty [0, width] tensor of its dtype and device
+        self.empty_rows = {name: torch.empty((0, width), dtype=dtype, device=device) for name, width in widths.items()}
         self.live: set[RequestCache] = set()
 
     def new_request(self) -> "RequestCache":
@@ -63,9 +64,9 @@ class RequestCache:
     def rows(self, group: str, start: int = 0) -> GroupRows:
         rows = self.groups.get(group)
         if rows is None:
-            if group not in self.set.empty:
+            if group not in self.set.empty_rows:
                 raise KeyError(f"this model's cache has no group {group!r}")
-            rows = self.groups[group] = GroupRows(self.set.empty[group], start)
+            rows = self.groups[group] = GroupRows(self.set.empty_rows[group], start)
         return rows
 
     def start_swa_at(self, layer: int, start: int) -> None:
