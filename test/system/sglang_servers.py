@@ -171,11 +171,13 @@ def wait_computing(prefill: ServerProcess, timeout_s: float = 180.0) -> None:
 
 
 def settle(servers: list[ServerProcess], timeout_s: float = 180) -> list[float]:
-    """Each server's used tokens once all are 0 (or whatever they are after timeout_s)."""
+    """Each server's used tokens once all are 0 (or whatever they are after timeout_s). A gauge not published yet
+    counts as not settled: SGLang publishes it every 40 decode forwards and, on an idle scheduler, 30 s after its
+    last report, so a D that served a few speculative requests within 30 s of its start has none yet."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        used = [used_tokens(s) for s in servers]
-        if not any(used):
+        used = [metric_sum(s, "sglang:num_used_tokens") for s in servers]
+        if all(u == 0 for u in used):
             return used
         time.sleep(1)
     return [used_tokens(s) for s in servers]
