@@ -27,13 +27,12 @@ class CacheSet:
     """The cache groups of one model instance and the requests holding rows in them. `role='prefill'` has no
     groups for layers past the last KV source."""
 
-    def __init__(self, cfg: V41Config, dtype: torch.dtype, role: str = "full",
+    def __init__(self, cfg: V41Config, plan: LayerPlan, dtype: torch.dtype, role: str = "full",
                  device: torch.device | str = "cpu") -> None:
         self.cfg, self.dtype, self.role = cfg, dtype, role
-        self.plan = LayerPlan.from_config(cfg)
-        swa_layers = self.plan.encoder_layers if role == "prefill" else range(cfg.num_hidden_layers)
+        swa_layers = plan.encoder_layers if role == "prefill" else range(cfg.num_hidden_layers)
         widths = {swa_group(i): cfg.head_dim for i in swa_layers}
-        for o in self.plan.kv_owner_layers:
+        for o in plan.kv_owner_layers:
             widths.update({kv_group(o): cfg.head_dim, index_group(o): cfg.index_head_dim})
         # each group's rows start from an empty [0, width] tensor of its dtype and device
         self.empty_rows = {name: torch.empty((0, width), dtype=dtype, device=device) for name, width in widths.items()}

@@ -118,7 +118,7 @@ class V41Model(nn.Module):
             own[name].copy_(value.to(own[name].dtype))
 
     def new_cache_set(self) -> CacheSet:
-        return CacheSet(self.cfg, self.dtype, role=self.role, device=self.embed.weight.device)
+        return CacheSet(self.cfg, self.plan, self.dtype, role=self.role, device=self.embed.weight.device)
 
     # ---- forward ---------------------------------------------------------------------------
     def validate_tokens(self, tokens: torch.Tensor, start: int) -> None:
